@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+)
+
+// startTestDaemon runs the daemon in-process with the given command-line flags.
+func startTestDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	var f runFlags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	f.register(fs)
+	args = append([]string{"--http-addr", "", "--tenant", "t1", "--owner", "alice"}, args...)
+	if err := parseFlags(fs, args); err != nil {
+		t.Fatal(err)
+	}
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	d, err := startDaemon(context.Background(), &f, log)
+	if err != nil {
+		t.Fatalf("start daemon: %v", err)
+	}
+	return d
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var why string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, why = cond(); ok {
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval of a poll-with-deadline
+	}
+	t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, why)
+}
+
+// streamMsg is one message of the raw stream.
+type streamMsg struct {
+	subject string
+	msgID   string
+	line    mirror.Line
+	data    []byte
+	seq     uint64
+}
+
+// readStream reads every message of the entries stream, in stream order.
+func readStream(t testing.TB, nc *nats.Conn) []streamMsg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []streamMsg
+	for uint64(len(out)) < info.State.Msgs {
+		batch, err := cons.Fetch(int(min(500, info.State.Msgs-uint64(len(out)))), jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			meta, _ := m.Metadata()
+			l, err := mirror.ParseLine(m.Headers())
+			if err != nil {
+				t.Fatalf("message %d: %v", meta.Sequence.Stream, err)
+			}
+			out = append(out, streamMsg{subject: m.Subject(), msgID: m.Headers().Get(nats.MsgIdHdr), line: l,
+				data: append([]byte(nil), m.Data()...), seq: meta.Sequence.Stream})
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// duplicates lists the (conversation, generation, entry) keys that appear more than once.
+func duplicates(msgs []streamMsg) []string {
+	seen := map[string]int{}
+	for _, m := range msgs {
+		seen[m.msgID]++
+	}
+	var dups []string
+	for id, n := range seen {
+		if n > 1 {
+			dups = append(dups, fmt.Sprintf("%s ×%d", id, n))
+		}
+	}
+	sort.Strings(dups)
+	return dups
+}
+
+// sessionFiles lists the *.jsonl files under root.
+func sessionFiles(t testing.TB, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".jsonl") {
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// completeLines splits content into its complete lines (a torn tail is left out).
+func completeLines(content []byte) [][]byte {
+	var lines [][]byte
+	for {
+		i := bytes.IndexByte(content, '\n')
+		if i < 0 {
+			return lines
+		}
+		lines = append(lines, content[:i])
+		content = content[i+1:]
+	}
+}
+
+// mirrorMatches checks that the newest generation of the file's conversation holds
+// exactly the file's complete lines, byte for byte, in order.
+func mirrorMatches(ctx context.Context, r *mirror.Reader, path string) (bool, string) {
+	content, err := os.ReadFile(path)
+	if err != nil {
+		return false, err.Error()
+	}
+	lines := completeLines(content)
+	if len(lines) == 0 {
+		return true, ""
+	}
+	hdr, err := session.ParseHeader(lines[0])
+	if err != nil {
+		return true, "" // not a session: nothing to mirror
+	}
+	c, err := r.Conv(hdr.ID)
+	if err != nil {
+		return false, err.Error()
+	}
+	g, err := r.ReadGeneration(ctx, c, 0)
+	if err != nil {
+		return false, fmt.Sprintf("%s: %v", path, err)
+	}
+	if len(g.Msgs) != len(lines) {
+		return false, fmt.Sprintf("%s: mirror has %d lines, file %d", path, len(g.Msgs), len(lines))
+	}
+	for i, m := range g.Msgs {
+		if m.Ordinal != int64(i) {
+			return false, fmt.Sprintf("%s: ordinal %d at %d", path, m.Ordinal, i)
+		}
+		data := m.Data
+		if m.Kind == mirror.KindBlob {
+			rc, err := r.Blob(ctx, m.SHA256)
+			if err != nil {
+				return false, err.Error()
+			}
+			data, err = io.ReadAll(rc)
+			rc.Close()
+			if err != nil {
+				return false, err.Error()
+			}
+		}
+		if !bytes.Equal(data, lines[i]) {
+			return false, fmt.Sprintf("%s line %d differs", path, i+1)
+		}
+		sum := sha256.Sum256(lines[i])
+		if m.SHA256 != hex.EncodeToString(sum[:]) {
+			return false, fmt.Sprintf("%s line %d: digest header wrong", path, i+1)
+		}
+	}
+	return true, ""
+}
+
+// newReader opens the mirror's read API for the test owner.
+func newReader(t testing.TB, nc *nats.Conn, tenant, owner string) *mirror.Reader {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := mirror.NewOwner(tenant, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := mirror.NewReader(ctx, js, mirror.DefaultNames(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// allMirrored waits until every session file under root is mirrored exactly.
+func allMirrored(t testing.TB, r *mirror.Reader, root string, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "every line mirrored", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, p := range sessionFiles(t, root) {
+			if ok, why := mirrorMatches(ctx, r, p); !ok {
+				return false, why
+			}
+		}
+		return true, ""
+	})
+}

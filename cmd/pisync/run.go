@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/publisher"
+	"github.com/pisync/pisync/watcher"
+)
+
+// runFlags configure the daemon.
+type runFlags struct {
+	conn           connFlags
+	roots          listFlag
+	httpAddr       string
+	host           string
+	logLevel       string
+	logFormat      string
+	replicas       int
+	dupWindow      time.Duration
+	blobThreshold  int64
+	maxLineBytes   int64
+	window         int
+	windowBytes    int64
+	ackTimeout     time.Duration
+	rescanInterval time.Duration
+	drainTimeout   time.Duration
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	f.conn.register(fs)
+	f.roots.defaults = []string{filepath.Join(homeDir(), ".pi", "agent", "sessions")}
+	fs.Var(&f.roots, "root", "session root to watch, recursively (repeatable; PISYNC_ROOT takes a ':'-separated list)")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:9470", "HTTP address of /metrics, /healthz, /readyz and the status page (empty: off)")
+	host, _ := os.Hostname()
+	fs.StringVar(&f.host, "host", host, "host name recorded with every mirrored line")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or console")
+	fs.IntVar(&f.replicas, "replicas", 1, "stream, bucket and object store replicas (3 in a cluster)")
+	fs.DurationVar(&f.dupWindow, "duplicate-window", mirror.DefaultDuplicateWindow, "JetStream duplicate window (a retry aid; minutes, never days)")
+	fs.Int64Var(&f.blobThreshold, "blob-threshold", 512<<10, "lines above this many bytes go to the object store")
+	fs.Int64Var(&f.maxLineBytes, "max-line-bytes", 1<<30, "lines above this many bytes are skipped and reported")
+	fs.IntVar(&f.window, "window", 1024, "messages in flight at most")
+	fs.Int64Var(&f.windowBytes, "window-bytes", 32<<20, "bytes in flight at most")
+	fs.DurationVar(&f.ackTimeout, "ack-timeout", 10*time.Second, "time to wait for a publish acknowledgement before retrying")
+	fs.DurationVar(&f.rescanInterval, "rescan-interval", time.Minute, "periodic safety rescan of the roots (stat only; 0: off)")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 15*time.Second, "at shutdown, how long to wait for publishes in flight")
+}
+
+// RunCommand runs the daemon until ctx ends, then shuts down gracefully: stop reading,
+// drain the publisher, commit checkpoints, close NATS, stop the embedded server.
+func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f runFlags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(f.logLevel, f.logFormat, stderr)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
+	d, err := startDaemon(ctx, &f, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	return d.stop()
+}
+
+// daemon is a running pisync: the parts in start-up order.
+type daemon struct {
+	f        *runFlags
+	log      *zap.Logger
+	reg      *prometheus.Registry
+	embedded *server.Server
+	nc       *nats.Conn
+	store    *checkpoint.Store
+	pub      *publisher.Publisher
+	watch    *watcher.Watcher
+	http     *httpServer
+
+	watchCancel context.CancelFunc
+	watchDone   chan error
+	readyOnce   sync.Once
+}
+
+func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
+	d = &daemon{f: f, log: log, reg: newRegistry()}
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
+	names, err := mirror.NewNames(f.conn.prefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --prefix: %v", errUsage, err)
+	}
+	owner, err := mirror.NewOwner(f.conn.tenant, f.conn.owner)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := os.MkdirAll(f.conn.stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", f.conn.stateDir, err)
+	}
+	if f.conn.natsURL == "" {
+		if d.embedded, err = startEmbedded(f.conn.natsListen, f.conn.stateDir, log); err != nil {
+			return nil, err
+		}
+	}
+	nm := newNATSMetrics(d.reg)
+	if d.nc, err = connect(ctx, f.conn.url(), "pisync run "+f.host, 0, log, nm); err != nil {
+		return nil, err
+	}
+	js, err := publisher.NewJetStream(d.nc, f.ackTimeout, f.window)
+	if err != nil {
+		return nil, err
+	}
+	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+		return nil, err
+	}
+	cm := checkpoint.NewMetrics()
+	if err := cm.Register(d.reg); err != nil {
+		return nil, err
+	}
+	var rebuilt bool
+	if d.store, rebuilt, err = checkpoint.Open(filepath.Join(f.conn.stateDir, "checkpoints"), cm); err != nil {
+		return nil, err
+	}
+	if rebuilt {
+		log.Warn("checkpoint store was unreadable and has been replaced; positions are rebuilt from the mirror")
+	}
+	pm := publisher.NewMetrics()
+	if err := pm.Register(d.reg); err != nil {
+		return nil, err
+	}
+	d.pub, err = publisher.New(ctx, publisher.Options{
+		JS: js, Names: names, Owner: owner, Host: f.host, Checkpoints: d.store,
+		Logger: log.Named("publisher"), Metrics: pm,
+		WindowMessages: f.window, WindowBytes: f.windowBytes,
+		BlobThreshold: f.blobThreshold, MaxLineBytes: f.maxLineBytes,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.pub.Start()
+	wm := watcher.NewMetrics()
+	if err := wm.Register(d.reg); err != nil {
+		return nil, err
+	}
+	d.watch, err = watcher.New(watcher.Options{
+		Roots: f.roots.get(), Sink: d.pub, Logger: log.Named("watcher"), Metrics: wm,
+		MaxInlineBytes: f.blobThreshold, RescanInterval: f.rescanInterval,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	d.watchCancel, d.watchDone = wcancel, make(chan error, 1)
+	go func() { d.watchDone <- d.watch.Run(wctx) }()
+	if f.httpAddr != "" {
+		if d.http, err = startHTTP(f.httpAddr, d); err != nil {
+			return nil, err
+		}
+	}
+	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redactURL(f.conn.url())),
+		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
+	go func() {
+		select {
+		case <-d.watch.Ready():
+			log.Info("initial scan done")
+		case <-wctx.Done():
+		}
+	}()
+	return d, nil
+}
+
+// ready reports whether NATS is reachable and the first scan is done.
+func (d *daemon) ready() (bool, string) {
+	if d.nc == nil || !d.nc.IsConnected() {
+		return false, "NATS not connected"
+	}
+	select {
+	case <-d.watch.Ready():
+		return true, "ready"
+	default:
+		return false, "initial scan in progress"
+	}
+}
+
+// stop shuts down in order: stop reading → drain the publisher → save state → close
+// NATS → stop the embedded server.
+func (d *daemon) stop() error {
+	var errs []error
+	if d.http != nil {
+		errs = append(errs, d.http.stop())
+	}
+	d.watchCancel()
+	if err := <-d.watchDone; err != nil && !errors.Is(err, context.Canceled) {
+		errs = append(errs, err)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), d.f.drainTimeout)
+	errs = append(errs, d.pub.Close(dctx))
+	cancel()
+	errs = append(errs, d.store.Close())
+	d.closeNATS()
+	d.log.Info("stopped")
+	return errors.Join(errs...)
+}
+
+// abort releases what a failed start had opened.
+func (d *daemon) abort() {
+	if d.http != nil {
+		_ = d.http.stop()
+	}
+	if d.watchCancel != nil {
+		d.watchCancel()
+		<-d.watchDone
+	}
+	if d.pub != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = d.pub.Close(ctx)
+		cancel()
+	}
+	if d.store != nil {
+		_ = d.store.Close()
+	}
+	d.closeNATS()
+}
+
+func (d *daemon) closeNATS() {
+	if d.nc != nil {
+		d.nc.Close()
+	}
+	if d.embedded != nil {
+		d.embedded.Shutdown()
+		d.embedded.WaitForShutdown()
+	}
+}

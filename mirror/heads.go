@@ -1,0 +1,44 @@
+package mirror
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Head is the value of a conversation's key in the heads bucket: its metadata and how far
+// it is mirrored. It is written after acknowledgements, with compare-and-set on the revision.
+type Head struct {
+	Conversation string    `json:"conversation"`            // header id
+	Key          string    `json:"key"`                     // conversation key (differs from the id after a clash)
+	Tenant       string    `json:"tenant"`                  //
+	Owner        string    `json:"owner"`                   //
+	Host         string    `json:"host"`                    //
+	Root         string    `json:"root"`                    // the watched root the file was under
+	Source       string    `json:"source"`                  // path relative to Root
+	Cwd          string    `json:"cwd,omitempty"`           // from the header
+	Format       string    `json:"format"`                  //
+	Generation   int       `json:"generation"`              //
+	Entries      int64     `json:"entries"`                 // lines mirrored in this generation, header included
+	LastOrdinal  int64     `json:"last_ordinal"`            //
+	LastSeq      uint64    `json:"last_seq"`                // stream sequence of the last acknowledged line
+	Bytes        int64     `json:"bytes"`                   // file bytes mirrored (newlines included)
+	Head         string    `json:"head"`                    // the leaf after the last mirrored line (DESIGN §1)
+	LocalDeleted bool      `json:"local_deleted,omitempty"` //
+	UpdatedAt    time.Time `json:"updated_at"`              //
+}
+
+// EncodeHead is the bucket value of h.
+func EncodeHead(h Head) []byte {
+	b, _ := json.Marshal(h) // a struct of plain fields cannot fail to marshal
+	return b
+}
+
+// DecodeHead parses a bucket value.
+func DecodeHead(b []byte) (Head, error) {
+	var h Head
+	if err := json.Unmarshal(b, &h); err != nil {
+		return Head{}, fmt.Errorf("decode head: %w", err)
+	}
+	return h, nil
+}

@@ -1,0 +1,123 @@
+package mirror
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Header names of a mirrored line (DESIGN §2).
+const (
+	HdrMsgID      = nats.MsgIdHdr // "Nats-Msg-Id"
+	HdrKind       = "Pisync-Kind"
+	HdrEntryID    = "Pisync-Entry-Id"
+	HdrParentID   = "Pisync-Parent-Id"
+	HdrEntryType  = "Pisync-Entry-Type"
+	HdrOrdinal    = "Pisync-Ordinal"
+	HdrGeneration = "Pisync-Generation"
+	HdrSHA256     = "Pisync-Sha256"
+	HdrFormat     = "Pisync-Format"
+	HdrHost       = "Pisync-Host"
+	HdrSource     = "Pisync-Source"
+	HdrBlobSize   = "Pisync-Blob-Size" // blob messages only: the payload's length
+)
+
+// Kind says how a message carries its line.
+type Kind string
+
+// The kinds of DESIGN §2.
+const (
+	KindHeader Kind = "header" // line 1
+	KindEntry  Kind = "entry"  // a JSON entry, body = the line
+	KindBlob   Kind = "blob"   // body empty; the line is the object named by its digest
+	KindRaw    Kind = "raw"    // not a JSON entry: kept byte for byte, never interpreted
+)
+
+// HeaderEntryType is the Pisync-Entry-Type (and entry id) of line 1.
+const HeaderEntryType = "_header"
+
+// OrdinalID is the entry id of lines that have none (v1 entries, raw lines).
+func OrdinalID(ordinal int64) string { return "L" + strconv.FormatInt(ordinal, 10) }
+
+// Line is the metadata of one mirrored line: everything of a message but its body.
+type Line struct {
+	Kind       Kind
+	EntryID    string
+	ParentID   string
+	EntryType  string
+	Ordinal    int64
+	Generation int
+	SHA256     string // hex digest of the line's bytes
+	Format     string
+	Host       string
+	Source     string
+	BlobSize   int64 // KindBlob only
+}
+
+// NewMsg builds the message of one line of conversation c. body is the line's exact
+// bytes without its newline (empty for a blob reference).
+func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
+	h := make(nats.Header, 12)
+	h[HdrMsgID] = []string{c.MsgID(l.Generation, l.EntryID)}
+	h[HdrKind] = []string{string(l.Kind)}
+	h[HdrEntryID] = []string{l.EntryID}
+	if l.ParentID != "" {
+		h[HdrParentID] = []string{l.ParentID}
+	}
+	if l.EntryType != "" {
+		h[HdrEntryType] = []string{l.EntryType}
+	}
+	h[HdrOrdinal] = []string{strconv.FormatInt(l.Ordinal, 10)}
+	h[HdrGeneration] = []string{strconv.Itoa(l.Generation)}
+	h[HdrSHA256] = []string{l.SHA256}
+	h[HdrFormat] = []string{l.Format}
+	h[HdrHost] = []string{l.Host}
+	h[HdrSource] = []string{l.Source}
+	if l.Kind == KindBlob {
+		h[HdrBlobSize] = []string{strconv.FormatInt(l.BlobSize, 10)}
+	}
+	return &nats.Msg{Subject: n.Subject(c), Header: h, Data: body}
+}
+
+// ParseLine reads the metadata of a mirrored message. It fails on a message that is not
+// one of ours (missing or malformed kind, ordinal or generation).
+func ParseLine(h nats.Header) (Line, error) {
+	l := Line{
+		Kind:      Kind(h.Get(HdrKind)),
+		EntryID:   h.Get(HdrEntryID),
+		ParentID:  h.Get(HdrParentID),
+		EntryType: h.Get(HdrEntryType),
+		SHA256:    h.Get(HdrSHA256),
+		Format:    h.Get(HdrFormat),
+		Host:      h.Get(HdrHost),
+		Source:    h.Get(HdrSource),
+	}
+	switch l.Kind {
+	case KindHeader, KindEntry, KindBlob, KindRaw:
+	default:
+		return Line{}, fmt.Errorf("%s %q: not a pisync kind", HdrKind, l.Kind)
+	}
+	var err error
+	if l.Ordinal, err = strconv.ParseInt(h.Get(HdrOrdinal), 10, 64); err != nil || l.Ordinal < 0 {
+		return Line{}, fmt.Errorf("%s %q: not an ordinal", HdrOrdinal, h.Get(HdrOrdinal))
+	}
+	if l.Generation, err = strconv.Atoi(h.Get(HdrGeneration)); err != nil || l.Generation < 1 {
+		return Line{}, fmt.Errorf("%s %q: not a generation", HdrGeneration, h.Get(HdrGeneration))
+	}
+	if l.Kind == KindBlob {
+		if l.BlobSize, err = strconv.ParseInt(h.Get(HdrBlobSize), 10, 64); err != nil || l.BlobSize < 0 {
+			return Line{}, fmt.Errorf("%s %q: not a size", HdrBlobSize, h.Get(HdrBlobSize))
+		}
+	}
+	return l, nil
+}
+
+// Msg is one message read back from the mirror.
+type Msg struct {
+	Line
+	Seq  uint64    // stream sequence
+	Time time.Time // stored at
+	Data []byte    // the line (nil for blobs and for headers-only reads)
+}

@@ -1,0 +1,124 @@
+package mirror
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// DefaultPrefix names the objects of a deployment unless configured otherwise.
+const DefaultPrefix = "pisync"
+
+var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+// Names derives every JetStream name of one deployment from its prefix, so that several
+// deployments can share a NATS system (DESIGN §2).
+type Names struct {
+	lower string // subjects: <prefix>.entries.…
+	upper string // streams, buckets: <PREFIX>_ENTRIES, …
+}
+
+// NewNames validates prefix (lower case letters, digits, '_', at most 32) and returns the
+// names under it.
+func NewNames(prefix string) (Names, error) {
+	if !prefixPattern.MatchString(prefix) {
+		return Names{}, fmt.Errorf("prefix %q: want lower-case letters, digits and '_', starting with a letter", prefix)
+	}
+	return Names{lower: prefix, upper: strings.ToUpper(prefix)}, nil
+}
+
+// DefaultNames are the names under DefaultPrefix.
+func DefaultNames() Names {
+	n, _ := NewNames(DefaultPrefix)
+	return n
+}
+
+// Stream is the entries stream.
+func (n Names) Stream() string { return n.upper + "_ENTRIES" }
+
+// HeadsBucket is the KV bucket of conversation heads.
+func (n Names) HeadsBucket() string { return n.upper + "_HEADS" }
+
+// BlobsBucket is the object store of large payloads.
+func (n Names) BlobsBucket() string { return n.upper + "_BLOBS" }
+
+// StreamSubjects is the subject filter of the entries stream.
+func (n Names) StreamSubjects() string { return n.lower + ".entries.>" }
+
+// OwnerSubjects matches every conversation of one owner.
+func (n Names) OwnerSubjects(o Owner) string {
+	return n.lower + ".entries." + o.tenant + "." + o.owner + ".>"
+}
+
+// Subject is the subject of one conversation's messages.
+func (n Names) Subject(c Conv) string {
+	return n.lower + ".entries." + c.Owner.tenant + "." + c.Owner.owner + "." + c.key
+}
+
+// Owner is a validated (tenant, owner) pair with its encoded tokens. Everything pisync
+// publishes or reads is scoped by one.
+type Owner struct {
+	Tenant, Name  string
+	tenant, owner string
+}
+
+// NewOwner encodes tenant and owner; it fails for empty or over-long names.
+func NewOwner(tenant, owner string) (Owner, error) {
+	t, err := EncodeToken(tenant)
+	if err != nil {
+		return Owner{}, fmt.Errorf("tenant %q: %w", tenant, err)
+	}
+	o, err := EncodeToken(owner)
+	if err != nil {
+		return Owner{}, fmt.Errorf("owner %q: %w", owner, err)
+	}
+	return Owner{Tenant: tenant, Name: owner, tenant: t, owner: o}, nil
+}
+
+// KeyPrefix is the KV key prefix of this owner's heads ("<tenant>.<owner>.").
+func (o Owner) KeyPrefix() string { return o.tenant + "." + o.owner + "." }
+
+// Conv names one mirrored conversation of an owner. Key is the conversation id as found
+// in the session header, except when two local files carry the same id: the later one is
+// then mirrored under a distinct key (see publisher) so that neither overwrites the other.
+type Conv struct {
+	Owner Owner
+	Key   string // raw conversation key
+	key   string // encoded
+}
+
+// NewConv encodes a conversation key under owner.
+func NewConv(o Owner, key string) (Conv, error) {
+	k, err := EncodeToken(key)
+	if err != nil {
+		return Conv{}, fmt.Errorf("conversation %q: %w", key, err)
+	}
+	return Conv{Owner: o, Key: key, key: k}, nil
+}
+
+// HeadKey is the conversation's key in the heads bucket.
+func (c Conv) HeadKey() string { return c.Owner.KeyPrefix() + c.key }
+
+// MsgID is the Nats-Msg-Id of one line: <tenant>.<owner>.<conversation>.<generation>.<entryId>.
+// The entry id is encoded like a token so that an id from a file cannot forge another
+// line's message id.
+func (c Conv) MsgID(generation int, entryID string) string {
+	e, err := EncodeToken(entryID)
+	if err != nil {
+		// Ids are checked before publishing (see ValidEntryID); an id that still fails here
+		// falls back to an unambiguous form instead of panicking.
+		e = "_invalid"
+	}
+	return fmt.Sprintf("%s.%d.%s", c.HeadKey(), generation, e)
+}
+
+// ObjectName is the object-store name of a blob: owner-scoped and content-addressed.
+func (o Owner) ObjectName(sha256hex string) string {
+	return o.tenant + "." + o.owner + "." + sha256hex
+}
+
+// ValidEntryID reports whether id can appear in message ids and headers.
+func ValidEntryID(id string) bool {
+	_, err := EncodeToken(id)
+	return err == nil && strings.IndexFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }) < 0
+}

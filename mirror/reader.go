@@ -1,0 +1,238 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotFound is returned for a conversation, head or blob the caller's owner does not
+// have. A conversation of another tenant or owner is "not found" as well, never
+// "forbidden" (DESIGN §3.7).
+var ErrNotFound = errors.New("not found")
+
+// Reader is the read API of the mirror, scoped to one owner. It reads a conversation only
+// through the subject-bearing API forms (CONSUMER.CREATE.<stream>.<name>.<filter>,
+// DIRECT.GET.<stream>.<subject>) so that NATS permissions can fence owners.
+type Reader struct {
+	js     jetstream.JetStream
+	names  Names
+	owner  Owner
+	stream jetstream.Stream
+	heads  jetstream.KeyValue
+	blobs  jetstream.ObjectStore
+}
+
+// NewReader binds the mirror's objects; they must have been provisioned.
+func NewReader(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*Reader, error) {
+	s, err := js.Stream(ctx, n.Stream())
+	if err != nil {
+		return nil, fmt.Errorf("bind stream %s: %w", n.Stream(), err)
+	}
+	kv, err := js.KeyValue(ctx, n.HeadsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("bind key-value bucket %s: %w", n.HeadsBucket(), err)
+	}
+	obj, err := js.ObjectStore(ctx, n.BlobsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("bind object store %s: %w", n.BlobsBucket(), err)
+	}
+	return &Reader{js: js, names: n, owner: o, stream: s, heads: kv, blobs: obj}, nil
+}
+
+// Owner is the owner this reader is scoped to.
+func (r *Reader) Owner() Owner { return r.owner }
+
+// Names are the names this reader uses.
+func (r *Reader) Names() Names { return r.names }
+
+// Conv builds a conversation reference under the reader's owner.
+func (r *Reader) Conv(key string) (Conv, error) { return NewConv(r.owner, key) }
+
+// LastSeq is the stream sequence of the conversation's newest message, 0 when it has none.
+func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
+	m, err := r.stream.GetLastMsgForSubject(ctx, r.names.Subject(c))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last message of %s: %w", c.Key, err)
+	}
+	return m.Sequence, nil
+}
+
+// ScanOptions select what Scan reads.
+type ScanOptions struct {
+	FromSeq     uint64 // first stream sequence to read (0 or 1: from the start)
+	HeadersOnly bool   // metadata only: what the resume protocol needs
+}
+
+// Scan calls fn for each message of conversation c from opts.FromSeq on, in stream order,
+// up to the newest message at the time of the call. Messages that are not pisync lines are
+// skipped. It reads through an ordered consumer filtered on the conversation's subject.
+func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg) error) error {
+	last, err := r.LastSeq(ctx, c)
+	if err != nil {
+		return err
+	}
+	from := max(opts.FromSeq, 1)
+	if last == 0 || last < from {
+		return nil
+	}
+	cons, err := r.js.OrderedConsumer(ctx, r.names.Stream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{r.names.Subject(c)},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+		HeadersOnly:    opts.HeadersOnly,
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: create consumer: %w", c.Key, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", c.Key, err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", c.Key, err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: metadata: %w", c.Key, err)
+		}
+		if l, err := ParseLine(m.Headers()); err == nil {
+			msg := Msg{Line: l, Seq: meta.Sequence.Stream, Time: meta.Timestamp}
+			if !opts.HeadersOnly && l.Kind != KindBlob {
+				msg.Data = m.Data()
+			}
+			if err := fn(msg); err != nil {
+				return err
+			}
+		}
+		if meta.NumPending == 0 || meta.Sequence.Stream >= last {
+			return nil
+		}
+	}
+}
+
+// Generation holds the messages of one generation of a conversation in ordinal order.
+type Generation struct {
+	Number      int
+	Generations []int // every generation present, ascending
+	Msgs        []Msg
+	Duplicates  int // messages dropped because their ordinal was already present
+}
+
+// ReadGeneration reads generation gen of conversation c (0: the newest), ordered by
+// ordinal. A second message with an ordinal already seen is dropped and counted.
+func (r *Reader) ReadGeneration(ctx context.Context, c Conv, gen int) (Generation, error) {
+	byGen := map[int][]Msg{}
+	err := r.Scan(ctx, c, ScanOptions{}, func(m Msg) error {
+		if gen == 0 || m.Generation == gen {
+			byGen[m.Generation] = append(byGen[m.Generation], m)
+		} else if _, ok := byGen[m.Generation]; !ok {
+			byGen[m.Generation] = nil
+		}
+		return nil
+	})
+	if err != nil {
+		return Generation{}, err
+	}
+	if len(byGen) == 0 {
+		return Generation{}, fmt.Errorf("conversation %s: %w", c.Key, ErrNotFound)
+	}
+	g := Generation{Number: gen}
+	for n := range byGen {
+		g.Generations = append(g.Generations, n)
+		if gen == 0 && n > g.Number {
+			g.Number = n
+		}
+	}
+	sort.Ints(g.Generations)
+	msgs, ok := byGen[g.Number]
+	if !ok {
+		return Generation{}, fmt.Errorf("conversation %s generation %d: %w", c.Key, g.Number, ErrNotFound)
+	}
+	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
+	out := msgs[:0]
+	for i, m := range msgs {
+		if i > 0 && m.Ordinal == msgs[i-1].Ordinal {
+			g.Duplicates++
+			continue
+		}
+		out = append(out, m)
+	}
+	g.Msgs = out
+	return g, nil
+}
+
+// Head returns the head of one conversation and its revision.
+func (r *Reader) Head(ctx context.Context, c Conv) (Head, uint64, error) {
+	e, err := r.heads.Get(ctx, c.HeadKey())
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Head{}, 0, fmt.Errorf("conversation %s: %w", c.Key, ErrNotFound)
+	}
+	if err != nil {
+		return Head{}, 0, fmt.Errorf("head of %s: %w", c.Key, err)
+	}
+	h, err := DecodeHead(e.Value())
+	if err != nil {
+		return Head{}, 0, fmt.Errorf("head of %s: %w", c.Key, err)
+	}
+	return h, e.Revision(), nil
+}
+
+// Heads lists the heads of every conversation of the reader's owner, ordered by key.
+func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
+	prefix := r.owner.KeyPrefix()
+	lister, err := r.heads.ListKeysFiltered(ctx, prefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("list heads: %w", err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, fmt.Errorf("list heads: %w", err)
+	}
+	sort.Strings(keys)
+	heads := make([]Head, 0, len(keys))
+	for _, k := range keys {
+		e, err := r.heads.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // deleted between list and get
+		}
+		if err != nil {
+			return nil, fmt.Errorf("head %s: %w", k, err)
+		}
+		h, err := DecodeHead(e.Value())
+		if err != nil {
+			return nil, fmt.Errorf("head %s: %w", k, err)
+		}
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		heads = append(heads, h)
+	}
+	return heads, nil
+}
+
+// Blob opens the payload of a blob line by its digest.
+func (r *Reader) Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error) {
+	res, err := r.blobs.Get(ctx, r.owner.ObjectName(sha256hex))
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("blob %s: %w", sha256hex, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", sha256hex, err)
+	}
+	return res, nil
+}

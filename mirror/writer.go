@@ -1,0 +1,115 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Writer holds the write side of the mirror that is not the entries stream itself: blobs
+// and heads. Entries are published by the publisher, which owns the in-flight window.
+type Writer struct {
+	names Names
+	owner Owner
+	heads jetstream.KeyValue
+	blobs jetstream.ObjectStore
+
+	mu   sync.Mutex
+	revs map[string]uint64 // head key → last revision we wrote or read
+}
+
+// NewWriter binds the heads and blobs buckets; they must have been provisioned.
+func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*Writer, error) {
+	kv, err := js.KeyValue(ctx, n.HeadsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("bind key-value bucket %s: %w", n.HeadsBucket(), err)
+	}
+	obj, err := js.ObjectStore(ctx, n.BlobsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("bind object store %s: %w", n.BlobsBucket(), err)
+	}
+	return &Writer{names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}}, nil
+}
+
+// PutBlob stores the payload with digest sha256hex unless an object of that name exists
+// already: object puts are not idempotent, so a retried put must not write it twice.
+// It reports whether it uploaded. The caller verifies the digest of what it streams.
+func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bool, error) {
+	name := w.owner.ObjectName(sha256hex)
+	info, err := w.blobs.GetInfo(ctx, name)
+	if err == nil && !info.Deleted {
+		return false, nil
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return false, fmt.Errorf("blob %s: %w", sha256hex, err)
+	}
+	if _, err := w.blobs.Put(ctx, jetstream.ObjectMeta{Name: name}, r); err != nil {
+		return false, fmt.Errorf("put blob %s: %w", sha256hex, err)
+	}
+	return true, nil
+}
+
+// PutHead writes h as the head of c with compare-and-set on the revision. When another
+// writer got there first, the stored head wins if it is further along (higher generation,
+// or same generation and higher stream sequence); otherwise h is written over it.
+func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
+	key := c.HeadKey()
+	val := EncodeHead(h)
+	for attempt := 0; attempt < 5; attempt++ {
+		w.mu.Lock()
+		rev, known := w.revs[key]
+		w.mu.Unlock()
+		var err error
+		var newRev uint64
+		if known {
+			newRev, err = w.heads.Update(ctx, key, val, rev)
+		} else {
+			newRev, err = w.heads.Create(ctx, key, val)
+		}
+		if err == nil {
+			w.mu.Lock()
+			w.revs[key] = newRev
+			w.mu.Unlock()
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
+			return fmt.Errorf("put head %s: %w", c.Key, err)
+		}
+		e, gerr := w.heads.Get(ctx, key)
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			w.mu.Lock()
+			delete(w.revs, key)
+			w.mu.Unlock()
+			continue
+		}
+		if gerr != nil {
+			return fmt.Errorf("put head %s: %w", c.Key, gerr)
+		}
+		if cur, derr := DecodeHead(e.Value()); derr == nil && aheadOf(cur, h) {
+			w.mu.Lock()
+			w.revs[key] = e.Revision()
+			w.mu.Unlock()
+			return nil
+		}
+		w.mu.Lock()
+		w.revs[key] = e.Revision()
+		w.mu.Unlock()
+	}
+	return fmt.Errorf("put head %s: revision kept changing", c.Key)
+}
+
+func aheadOf(a, b Head) bool {
+	if a.Generation != b.Generation {
+		return a.Generation > b.Generation
+	}
+	return a.LastSeq > b.LastSeq
+}
+
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}

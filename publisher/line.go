@@ -1,0 +1,449 @@
+package publisher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/watcher"
+)
+
+// maxBufferedLine is the longest line read whole into memory (to scan its envelope and
+// upload it); longer lines are streamed from the file.
+const maxBufferedLine = 16 << 20
+
+// pending is one publish waiting for its acknowledgement.
+type pending struct {
+	st  *fileState
+	it  *item
+	fut jetstream.PubAckFuture
+}
+
+// Line turns one complete line into a message and publishes it, unless the mirror
+// already holds it. It blocks while the in-flight window is full (backpressure onto the
+// watcher, so that the files, not memory, buffer an outage).
+func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) error {
+	st := p.state(f.ID)
+	if st == nil || st.skipped {
+		return fmt.Errorf("%s: line %d for a file that was not opened", f.Path, l.Ordinal+1)
+	}
+	if err := p.waitResync(ctx, st); err != nil {
+		return err
+	}
+	it := &item{ordinal: l.Ordinal, end: l.Offset + l.Len + 1, length: l.Len, seen: l.Seen}
+	if l.Len > p.opts.MaxLineBytes {
+		p.m.tooLarge.Inc()
+		p.log.Error("line over the maximum line size skipped; recovery fills the gap it leaves",
+			zap.String("path", f.Path), zap.Int64("line", l.Ordinal+1), zap.Int64("bytes", l.Len))
+		it.done = true // nothing to publish: the frontier moves past it
+		return p.enqueueResolved(st, it)
+	}
+
+	data := l.Data
+	if data == nil && l.Len <= maxBufferedLine {
+		buf, err := readPrefix(f.Path, l.Offset, l.Len)
+		if err != nil {
+			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
+		}
+		data = buf
+	}
+	blob := data == nil || l.Len > p.opts.BlobThreshold
+	var sha string
+	if data == nil {
+		// Lines above the inline limit are read from the file in bounded chunks.
+		d, err := digestSection(f.Path, l.Offset, l.Len)
+		if err != nil {
+			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
+		}
+		sha = d
+	} else {
+		sum := sha256.Sum256(data)
+		sha = hex.EncodeToString(sum[:])
+	}
+	it.sha = sha
+
+	st.mu.Lock()
+	h, isHeld := st.held[l.Ordinal]
+	if isHeld {
+		delete(st.held, l.Ordinal)
+	}
+	st.mu.Unlock()
+	p.classify(st, it, data, f, l)
+	if isHeld {
+		if h.sha == sha {
+			p.m.heldBack.Inc()
+			it.done, it.seq = true, h.seq
+			return p.enqueueResolved(st, it)
+		}
+		// The file changed under what the mirror holds while we were reading: the next
+		// open compares it again and starts a new generation.
+		return fmt.Errorf("%s line %d: differs from the mirrored line; will compare again", f.Path, l.Ordinal+1)
+	}
+
+	st.mu.Lock()
+	ml := mirror.Line{
+		Kind: it.kind, EntryID: entryID(it, l.Ordinal), ParentID: it.env.ParentID,
+		EntryType: entryType(it), Ordinal: l.Ordinal, Generation: st.acked.Generation,
+		SHA256: sha, Format: string(st.header.Format), Host: p.opts.Host, Source: st.file.Rel,
+	}
+	conv := st.conv
+	st.mu.Unlock()
+
+	var body []byte
+	if blob {
+		if err := p.putBlob(ctx, f, l, sha, data); err != nil {
+			p.m.failures.WithLabelValues("blob").Inc()
+			return err
+		}
+		ml.Kind, ml.BlobSize = mirror.KindBlob, l.Len
+	} else {
+		body = append([]byte(nil), data...)
+	}
+	it.kind = ml.Kind
+	it.msg = p.opts.Names.NewMsg(conv, ml, body)
+	it.weight = int64(len(body)) + 512
+	if err := p.acquire(ctx, it.weight); err != nil {
+		return err
+	}
+	st.mu.Lock()
+	st.queue = append(st.queue, it)
+	st.seenEnd = max(st.seenEnd, it.end)
+	st.mu.Unlock()
+	return p.send(ctx, st, it)
+}
+
+// classify sets the item's kind and envelope. A line that is not a JSON entry is kept
+// byte for byte as raw, reported with its file and line number.
+func (p *Publisher) classify(st *fileState, it *item, data []byte, f watcher.File, l watcher.Line) {
+	if l.Ordinal == 0 {
+		it.kind = mirror.KindHeader
+		return
+	}
+	if data == nil {
+		// Too large to hold in memory: mirrored as a blob whose envelope is not read
+		// here; recovery reads the line itself.
+		it.kind = mirror.KindEntry
+		return
+	}
+	if session.IsBlank(data) {
+		it.kind = mirror.KindRaw
+		p.m.invalid.WithLabelValues("blank").Inc()
+		return
+	}
+	env, err := session.ScanEntry(data)
+	if err != nil {
+		it.kind = mirror.KindRaw
+		p.m.invalid.WithLabelValues("malformed").Inc()
+		p.log.Warn("line is not a JSON entry; mirrored as raw", zap.String("path", f.Path),
+			zap.Int64("line", l.Ordinal+1), zap.Error(err))
+		return
+	}
+	if env.ID != "" && !mirror.ValidEntryID(env.ID) {
+		it.kind = mirror.KindRaw
+		p.m.invalid.WithLabelValues("malformed").Inc()
+		p.log.Warn("entry id cannot be mirrored; line kept as raw", zap.String("path", f.Path), zap.Int64("line", l.Ordinal+1))
+		return
+	}
+	it.kind, it.env, it.entry = mirror.KindEntry, env, true
+}
+
+func entryID(it *item, ordinal int64) string {
+	switch {
+	case it.kind == mirror.KindHeader:
+		return mirror.HeaderEntryType
+	case it.kind == mirror.KindRaw || it.env.ID == "":
+		return mirror.OrdinalID(ordinal)
+	}
+	return it.env.ID
+}
+
+func entryType(it *item) string {
+	switch it.kind {
+	case mirror.KindHeader:
+		return mirror.HeaderEntryType
+	case mirror.KindRaw:
+		return ""
+	}
+	return it.env.Type
+}
+
+// enqueueResolved appends a line that needs no publish and moves the frontier.
+func (p *Publisher) enqueueResolved(st *fileState, it *item) error {
+	st.mu.Lock()
+	st.queue = append(st.queue, it)
+	released, _ := st.advance()
+	st.mu.Unlock()
+	p.release(released)
+	return nil
+}
+
+func (p *Publisher) acquire(ctx context.Context, weight int64) error {
+	if err := p.slots.Acquire(ctx, 1); err != nil {
+		return err
+	}
+	if err := p.window.Acquire(ctx, weight); err != nil {
+		p.slots.Release(1)
+		return err
+	}
+	p.m.inflight.Inc()
+	p.m.inflightB.Add(float64(weight))
+	return nil
+}
+
+// release frees the window taken by resolved published lines (held lines took none).
+func (p *Publisher) release(weight int64) {
+	if weight == 0 {
+		return
+	}
+	p.window.Release(weight)
+	p.m.inflightB.Sub(float64(weight))
+}
+
+func (p *Publisher) releaseSlot() {
+	p.slots.Release(1)
+	p.m.inflight.Dec()
+}
+
+// send publishes it asynchronously and hands the future to the acknowledgement loop.
+func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
+	fut, err := p.opts.JS.PublishMsgAsync(it.msg)
+	st.mu.Lock()
+	if err != nil {
+		st.mu.Unlock()
+		p.fail(st, err)
+		return nil // the line is queued; reconciliation publishes it
+	}
+	it.inFlight = true
+	st.mu.Unlock()
+	select {
+	case p.acks <- pending{st: st, it: it, fut: fut}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// collectAcks reads every future's result in publish order.
+func (p *Publisher) collectAcks() {
+	defer p.wg.Done()
+	for {
+		var pd pending
+		select {
+		case <-p.runCtx.Done():
+			return
+		case pd = <-p.acks:
+		}
+		var ack *jetstream.PubAck
+		var err error
+		select {
+		case ack = <-pd.fut.Ok():
+		case err = <-pd.fut.Err():
+		case <-p.runCtx.Done():
+			return
+		}
+		p.resolve(pd.st, pd.it, ack, err)
+	}
+}
+
+func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err error) {
+	st.mu.Lock()
+	it.inFlight = false
+	if err != nil {
+		st.mu.Unlock()
+		p.fail(st, err)
+		return
+	}
+	it.done, it.seq, it.msg = true, ack.Sequence, nil
+	released, _ := st.advance()
+	st.mu.Unlock()
+	p.releaseSlot()
+	p.release(released)
+	if ack.Duplicate {
+		p.m.duplicates.Inc()
+	}
+	p.m.published.WithLabelValues(string(it.kind), it.env.Type).Inc()
+	p.m.publishedB.Add(float64(it.length + 1))
+	p.m.latency.Observe(time.Since(it.seen).Seconds())
+	p.m.lastAckUnix.SetToCurrentTime()
+}
+
+// fail marks st for reconciliation and starts it unless it is running.
+func (p *Publisher) fail(st *fileState, err error) {
+	p.m.failures.WithLabelValues(failureReason(err)).Inc()
+	st.mu.Lock()
+	st.failed = true
+	start := st.resyncing == nil
+	if start {
+		st.resyncing = make(chan struct{})
+	}
+	st.mu.Unlock()
+	if start {
+		p.wg.Add(1)
+		go p.reconcile(st, err)
+	}
+}
+
+func failureReason(err error) string {
+	switch {
+	case errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return "timeout"
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse):
+		return "no_responders"
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
+		return "disconnected"
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return "server"
+	}
+	return "other"
+}
+
+// waitResync blocks a file's new lines while its queue is being reconciled, so that a
+// retry resends from the first unacknowledged line, in order.
+func (p *Publisher) waitResync(ctx context.Context, st *fileState) error {
+	st.mu.Lock()
+	ch := st.resyncing
+	st.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// reconcile waits until none of st's publishes is in flight, asks the mirror which of
+// the unresolved lines it holds (a timeout means "possibly stored"), and resends the rest
+// with their original message ids, with exponential backoff and jitter between attempts.
+func (p *Publisher) reconcile(st *fileState, cause error) {
+	defer p.wg.Done()
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = p.opts.RetryMax
+	bo.MaxElapsedTime = 0
+	attempts := 0
+	log := p.log.With(zap.String("path", st.file.Path))
+	log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
+	for {
+		select {
+		case <-p.runCtx.Done():
+			p.endResync(st)
+			return
+		case <-time.After(bo.NextBackOff()):
+		}
+		st.mu.Lock()
+		busy := false
+		for _, it := range st.queue {
+			busy = busy || it.inFlight
+		}
+		st.mu.Unlock()
+		if busy {
+			continue
+		}
+		attempts++
+		err := p.resendUnheld(st)
+		if err == nil {
+			if attempts > 1 {
+				log.Info("publishing resumed", zap.Int("attempts", attempts))
+			}
+			return
+		}
+		if attempts == 1 || attempts%20 == 0 {
+			log.Warn("still unable to publish", zap.Int("attempts", attempts), zap.Error(err))
+		}
+	}
+}
+
+func (p *Publisher) endResync(st *fileState) {
+	st.mu.Lock()
+	if st.resyncing != nil {
+		close(st.resyncing)
+		st.resyncing = nil
+	}
+	st.mu.Unlock()
+}
+
+// resendUnheld is one reconciliation attempt.
+func (p *Publisher) resendUnheld(st *fileState) error {
+	ctx, cancel := context.WithTimeout(p.runCtx, 10*time.Second)
+	defer cancel()
+	st.mu.Lock()
+	gen, from := st.acked.Generation, st.acked.StreamSeq+1
+	st.failed = false
+	st.mu.Unlock()
+	held, err := p.heldSince(ctx, st.conv, gen, from)
+	if err != nil {
+		st.mu.Lock()
+		st.failed = true
+		st.mu.Unlock()
+		return err
+	}
+	st.mu.Lock()
+	var resend []*item
+	for _, it := range st.queue {
+		if it.done {
+			continue
+		}
+		if h, ok := held[it.ordinal]; ok && h.sha == it.sha {
+			it.done, it.seq, it.msg = true, h.seq, nil
+			p.releaseSlot()
+			continue
+		}
+		resend = append(resend, it)
+	}
+	released, _ := st.advance()
+	st.mu.Unlock()
+	p.release(released)
+	// Ends the pause before resending: a resend that fails starts a new reconciliation.
+	p.endResync(st)
+	for _, it := range resend {
+		p.m.retries.WithLabelValues("failure").Inc()
+		if err := p.send(p.runCtx, st, it); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// digestSection hashes length bytes at offset of path, in bounded memory.
+func digestSection(path string, offset, length int64) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, offset, length)); err != nil {
+		return "", fmt.Errorf("read: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func readPrefix(path string, offset, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, offset); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return buf, nil
+}

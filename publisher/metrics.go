@@ -1,0 +1,209 @@
+package publisher
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics of the publisher. Labels stay low-cardinality: per root, kind and reason, never
+// per conversation or file.
+type Metrics struct {
+	published    *prometheus.CounterVec // lines acknowledged by the mirror, by kind and entry type
+	publishedB   prometheus.Counter
+	latency      prometheus.Histogram
+	retries      *prometheus.CounterVec
+	duplicates   prometheus.Counter
+	failures     *prometheus.CounterVec
+	heldBack     prometheus.Counter
+	invalid      *prometheus.CounterVec
+	notSession   prometheus.Counter
+	blobs        prometheus.Counter
+	blobBytes    prometheus.Counter
+	blobsReused  prometheus.Counter
+	rewrites     *prometheus.CounterVec
+	generations  prometheus.Counter
+	clashes      prometheus.Counter
+	headUpdates  *prometheus.CounterVec
+	resumeQuery  *prometheus.CounterVec
+	state        *stateCollector
+	tooLarge     prometheus.Counter
+	inflight     prometheus.Gauge
+	inflightB    prometheus.Gauge
+	lastAckUnix  prometheus.Gauge
+	checkpointLg prometheus.Gauge
+}
+
+// NewMetrics declares the publisher's metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_lines_published_total",
+			Help: "Lines acknowledged by JetStream, by message kind and entry type.",
+		}, []string{"kind", "type"}),
+		publishedB: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_published_bytes_total",
+			Help: "Bytes of session lines acknowledged by JetStream (newlines included, blob payloads included).",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pisync_publish_latency_seconds",
+			Help:    "Time from a complete line being read to its acknowledgement by JetStream.",
+			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_publish_retries_total",
+			Help: "Lines sent again with the same message id after a failure, by reason.",
+		}, []string{"reason"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_publish_duplicates_total",
+			Help: "Publishes the server acknowledged as duplicates of a message id it already held.",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_publish_failures_total",
+			Help: "Failed publish attempts, by reason (timeout, disconnected, no_responders, server, blob, other).",
+		}, []string{"reason"}),
+		heldBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_resume_skipped_lines_total",
+			Help: "Lines not published because the mirror already held them (resume protocol).",
+		}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_invalid_lines_total",
+			Help: "Lines that are not JSON entries, mirrored as raw, by reason (blank, malformed).",
+		}, []string{"reason"}),
+		notSession: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_skipped_files_total",
+			Help: "Files named *.jsonl skipped because their first line is not a Pi session header.",
+		}),
+		blobs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_blobs_total",
+			Help: "Lines above the blob threshold stored in the object store.",
+		}),
+		blobBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_blob_bytes_total",
+			Help: "Bytes uploaded to the object store.",
+		}),
+		blobsReused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_blobs_reused_total",
+			Help: "Blob lines whose object was already in the store (not uploaded again).",
+		}),
+		rewrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_rewrites_total",
+			Help: "Session files found rewritten, truncated, replaced or moved, by kind.",
+		}, []string{"kind"}),
+		generations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_generation_bumps_total",
+			Help: "New generations started because mirrored lines changed or vanished locally.",
+		}),
+		clashes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_conversation_clashes_total",
+			Help: "Local files found carrying a conversation id that another local file already carries.",
+		}),
+		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_head_updates_total",
+			Help: "Writes to the heads bucket, by result (ok, error).",
+		}, []string{"result"}),
+		resumeQuery: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_resume_queries_total",
+			Help: "Questions to the mirror about what it already holds, by how they were answered (last_seq, scan, error).",
+		}, []string{"result"}),
+		tooLarge: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_lines_too_large_total",
+			Help: "Lines over the maximum line size, skipped and left for recovery to fill.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_inflight_messages",
+			Help: "Messages published and not yet acknowledged.",
+		}),
+		inflightB: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_inflight_bytes",
+			Help: "Bytes of messages published and not yet acknowledged.",
+		}),
+		lastAckUnix: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_last_ack_timestamp_seconds",
+			Help: "Unix time of the last acknowledgement received from JetStream.",
+		}),
+	}
+}
+
+// Register registers the metrics on r. The state collector (sessions, bytes, backlog) is
+// bound to the publisher that uses these metrics.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
+		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
+		m.rewrites, m.generations, m.clashes, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.inflight, m.inflightB, m.lastAckUnix}
+	if m.state == nil {
+		m.state = &stateCollector{}
+	}
+	cs = append(cs, m.state)
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	for _, reason := range []string{"timeout", "disconnected", "no_responders", "server", "blob", "other"} {
+		m.failures.WithLabelValues(reason)
+	}
+	for _, reason := range []string{"blank", "malformed"} {
+		m.invalid.WithLabelValues(reason)
+	}
+	for _, k := range []string{"truncated", "replaced", "moved", "changed"} {
+		m.rewrites.WithLabelValues(k)
+	}
+	m.retries.WithLabelValues("failure")
+	m.headUpdates.WithLabelValues("ok")
+	m.headUpdates.WithLabelValues("error")
+	return nil
+}
+
+var (
+	descSessions = prometheus.NewDesc("pisync_sessions",
+		"Session files known on this host, by root and state (discovered counts every file; mirrored: fully acknowledged; pending: lines waiting; torn: a held torn tail; deleted: gone locally, kept in the mirror).",
+		[]string{"root", "state"}, nil)
+	descBytes = prometheus.NewDesc("pisync_session_bytes",
+		"Bytes of session files, by root and state (discovered: file sizes; mirrored: acknowledged by JetStream).",
+		[]string{"root", "state"}, nil)
+	descBacklog = prometheus.NewDesc("pisync_backlog_bytes",
+		"Bytes of complete lines not yet acknowledged by JetStream, by root.",
+		[]string{"root"}, nil)
+	descOldest = prometheus.NewDesc("pisync_backlog_oldest_seconds",
+		"Age of the oldest line read and not yet acknowledged (0 when none).",
+		nil, nil)
+	descTorn = prometheus.NewDesc("pisync_torn_tail_bytes",
+		"Bytes held back in torn tails (a last line without its newline), by root.",
+		[]string{"root"}, nil)
+)
+
+// stateCollector computes the progress gauges from the publisher's files at scrape time,
+// so they can never drift from the state they describe.
+type stateCollector struct{ p *Publisher }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descSessions
+	ch <- descBytes
+	ch <- descBacklog
+	ch <- descOldest
+	ch <- descTorn
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.p == nil {
+		return
+	}
+	snap := c.p.Progress()
+	for root, r := range snap.Roots {
+		for state, n := range map[string]int{"discovered": r.Sessions, "mirrored": r.Mirrored,
+			"pending": r.Pending, "torn": r.Torn, "deleted": r.Deleted, "skipped": r.Skipped} {
+			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(n), root, state)
+		}
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(r.Bytes), root, "discovered")
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(r.MirroredBytes), root, "mirrored")
+		ch <- prometheus.MustNewConstMetric(descBacklog, prometheus.GaugeValue, float64(r.BacklogBytes), root)
+		ch <- prometheus.MustNewConstMetric(descTorn, prometheus.GaugeValue, float64(r.TornBytes), root)
+	}
+	age := 0.0
+	if !snap.OldestUnacked.IsZero() {
+		age = time.Since(snap.OldestUnacked).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, age)
+}

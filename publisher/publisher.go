@@ -1,0 +1,270 @@
+// Package publisher turns the lines the watcher finds into mirror messages: it owns the
+// in-flight window, acknowledgements, retries, the resume protocol and checkpoints.
+//
+// Exactly-once rests on two things, neither of them the duplicate window: every line has
+// a stable message id (conversation, generation, entry id), and before publishing past its
+// acknowledged frontier — after a restart, or after any failed publish — the publisher asks
+// the mirror which lines it already holds and skips them.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/watcher"
+)
+
+// Options configure a Publisher.
+type Options struct {
+	JS          jetstream.JetStream // created with WithPublishAsyncTimeout (see NewJetStream)
+	Names       mirror.Names
+	Owner       mirror.Owner
+	Host        string
+	Checkpoints *checkpoint.Store
+	Logger      *zap.Logger
+	Metrics     *Metrics
+
+	WindowMessages int           // in-flight messages (default 1024)
+	WindowBytes    int64         // in-flight bytes (default 32 MiB)
+	BlobThreshold  int64         // lines above go to the object store (default 512 KiB)
+	MaxLineBytes   int64         // lines above are skipped (default 1 GiB)
+	CommitInterval time.Duration // checkpoint commits (default 200 ms)
+	HeadInterval   time.Duration // head updates (default 500 ms)
+	RetryMax       time.Duration // longest pause between retries (default 30 s)
+}
+
+// NewJetStream is the JetStream context the publisher expects: acknowledgements time out
+// after ackTimeout, and the client's own pending limit sits above our window so that our
+// window, not a client stall, applies backpressure.
+func NewJetStream(nc *nats.Conn, ackTimeout time.Duration, window int) (jetstream.JetStream, error) {
+	return jetstream.New(nc,
+		jetstream.WithPublishAsyncTimeout(ackTimeout),
+		jetstream.WithPublishAsyncMaxPending(window+256))
+}
+
+// Publisher mirrors session lines; it implements watcher.Sink.
+type Publisher struct {
+	opts   Options
+	log    *zap.Logger
+	m      *Metrics
+	reader *mirror.Reader
+	writer *mirror.Writer
+
+	window  *semaphore.Weighted // bytes in flight
+	slots   *semaphore.Weighted // messages in flight
+	acks    chan pending        // publish order
+	wg      sync.WaitGroup
+	runCtx  context.Context
+	cancel  context.CancelFunc
+	closing chan struct{}
+
+	mu     sync.Mutex
+	files  map[watcher.FileID]*fileState
+	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
+}
+
+// New validates opts and binds the mirror. Call Start before handing it to the watcher.
+func New(ctx context.Context, opts Options) (*Publisher, error) {
+	if opts.JS == nil || opts.Checkpoints == nil {
+		return nil, errors.New("publisher: JetStream and checkpoint store are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics()
+	}
+	setDefault(&opts.WindowMessages, 1024)
+	setDefault(&opts.WindowBytes, 32<<20)
+	setDefault(&opts.BlobThreshold, 512<<10)
+	setDefault(&opts.MaxLineBytes, 1<<30)
+	setDefault(&opts.CommitInterval, 200*time.Millisecond)
+	setDefault(&opts.HeadInterval, 500*time.Millisecond)
+	setDefault(&opts.RetryMax, 30*time.Second)
+	if opts.BlobThreshold > opts.WindowBytes {
+		return nil, fmt.Errorf("publisher: blob threshold %d above the in-flight window %d", opts.BlobThreshold, opts.WindowBytes)
+	}
+	r, err := mirror.NewReader(ctx, opts.JS, opts.Names, opts.Owner)
+	if err != nil {
+		return nil, err
+	}
+	w, err := mirror.NewWriter(ctx, opts.JS, opts.Names, opts.Owner)
+	if err != nil {
+		return nil, err
+	}
+	p := &Publisher{
+		opts: opts, log: opts.Logger, m: opts.Metrics, reader: r, writer: w,
+		window:  semaphore.NewWeighted(opts.WindowBytes),
+		slots:   semaphore.NewWeighted(int64(opts.WindowMessages)),
+		acks:    make(chan pending, opts.WindowMessages),
+		closing: make(chan struct{}),
+		files:   map[watcher.FileID]*fileState{},
+		byConv:  map[string]watcher.FileID{},
+	}
+	if p.m.state == nil {
+		p.m.state = &stateCollector{}
+	}
+	p.m.state.p = p
+	return p, nil
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Start launches the acknowledgement and flush loops. They run until Close.
+func (p *Publisher) Start() {
+	p.runCtx, p.cancel = context.WithCancel(context.Background())
+	p.wg.Add(2)
+	go p.collectAcks()
+	go p.flushLoop()
+}
+
+// Close drains: it waits (until ctx ends) for the lines in flight to be acknowledged, then
+// commits checkpoints and heads and stops the loops. Call it after the watcher has stopped,
+// so that nothing new arrives.
+func (p *Publisher) Close(ctx context.Context) error {
+	drained := p.waitIdle(ctx)
+	close(p.closing)
+	p.cancel()
+	p.wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := p.flush(fctx)
+	if !drained {
+		p.log.Warn("shutdown before every line in flight was acknowledged; they are published again at next start",
+			zap.Int("in_flight", p.inFlight()))
+	}
+	return err
+}
+
+// waitIdle polls until nothing is in flight or ctx ends.
+func (p *Publisher) waitIdle(ctx context.Context) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if p.inFlight() == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Publisher) inFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, st := range p.files {
+		st.mu.Lock()
+		n += len(st.queue)
+		st.mu.Unlock()
+	}
+	return n
+}
+
+// flushLoop commits checkpoints and heads at their intervals.
+func (p *Publisher) flushLoop() {
+	defer p.wg.Done()
+	ct := time.NewTicker(p.opts.CommitInterval)
+	ht := time.NewTicker(p.opts.HeadInterval)
+	defer ct.Stop()
+	defer ht.Stop()
+	for {
+		select {
+		case <-p.runCtx.Done():
+			return
+		case <-ct.C:
+			p.stageCheckpoints()
+			if err := p.opts.Checkpoints.Commit(); err != nil {
+				p.log.Error("checkpoint commit failed; publishing goes on and the mirror is consulted at restart", zap.Error(err))
+			}
+		case <-ht.C:
+			p.flushHeads(p.runCtx)
+		}
+	}
+}
+
+func (p *Publisher) flush(ctx context.Context) error {
+	p.stageCheckpoints()
+	err := p.opts.Checkpoints.Commit()
+	p.flushHeads(ctx)
+	return err
+}
+
+func (p *Publisher) snapshotFiles() []*fileState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*fileState, 0, len(p.files))
+	for _, st := range p.files {
+		out = append(out, st)
+	}
+	return out
+}
+
+// stageCheckpoints stages the record of every file whose frontier moved.
+func (p *Publisher) stageCheckpoints() {
+	for _, st := range p.snapshotFiles() {
+		st.mu.Lock()
+		if st.cpDirty {
+			st.cpDirty = false
+			p.opts.Checkpoints.Put(st.record())
+		}
+		st.mu.Unlock()
+	}
+}
+
+// flushHeads writes the head of every conversation whose frontier moved, a few at a time.
+func (p *Publisher) flushHeads(ctx context.Context) {
+	type job struct {
+		st   *fileState
+		conv mirror.Conv
+		head mirror.Head
+	}
+	var jobs []job
+	for _, st := range p.snapshotFiles() {
+		st.mu.Lock()
+		if st.headDirty && st.acked.StreamSeq > 0 {
+			st.headDirty = false
+			jobs = append(jobs, job{st, st.conv, st.head(p.opts.Host)})
+		}
+		st.mu.Unlock()
+	}
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(j job) {
+			defer func() { <-sem; wg.Done() }()
+			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := p.writer.PutHead(hctx, j.conv, j.head); err != nil {
+				p.m.headUpdates.WithLabelValues("error").Inc()
+				p.log.Warn("head update failed; retried at next flush", zap.String("conversation", j.conv.Key), zap.Error(err))
+				j.st.mu.Lock()
+				j.st.headDirty = true
+				j.st.mu.Unlock()
+				return
+			}
+			p.m.headUpdates.WithLabelValues("ok").Inc()
+		}(j)
+	}
+	wg.Wait()
+}

@@ -1,0 +1,191 @@
+package publisher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/watcher"
+)
+
+var _ watcher.Sink = (*Publisher)(nil)
+
+// Open decides where to read a file from: the checkpointed frontier when the checkpoint
+// still describes this file, else the start; in both cases after learning from the
+// mirror what it already holds beyond that point.
+func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenReason) (watcher.Start, error) {
+	log := p.log.With(zap.String("path", f.Path))
+	hdr, err := session.ParseHeader(f.Header)
+	if err != nil {
+		p.mu.Lock()
+		st, seen := p.files[f.ID]
+		if !seen {
+			st = &fileState{file: f, skipped: true}
+			p.files[f.ID] = st
+		}
+		p.mu.Unlock()
+		if !seen {
+			p.m.notSession.Inc()
+			log.Warn("skipping a .jsonl that is not a Pi session", zap.Int("line", 1), zap.Error(err))
+		}
+		return watcher.Start{Skip: true}, nil
+	}
+	if why != watcher.Discovered {
+		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
+	}
+	sum := sha256.Sum256(f.Header)
+	hdrSHA := hex.EncodeToString(sum[:])
+
+	p.mu.Lock()
+	old := p.files[f.ID]
+	p.mu.Unlock()
+	if old != nil && !old.skipped {
+		// A file we already track is reopened (moved, truncated, replaced): its lines
+		// still in flight finish first, so that the frontier we resume from is final.
+		if err := p.waitQueueEmpty(ctx, old); err != nil {
+			return watcher.Start{}, err
+		}
+	}
+
+	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))
+	if found && rec.HeaderSHA != hdrSHA {
+		found = false // the inode was reused by another file
+	}
+	key := hdr.ID
+	if found && rec.ConvKey != "" {
+		key = rec.ConvKey
+	}
+	key = p.claimKey(f, key, log)
+	conv, err := mirror.NewConv(p.opts.Owner, key)
+	if err != nil {
+		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
+		p.m.notSession.Inc()
+		return watcher.Start{Skip: true}, nil
+	}
+	st := &fileState{file: f, conv: conv, header: hdr, hdrSHA: hdrSHA}
+	start := watcher.Start{}
+	if found && !rec.Deleted && f.Size >= rec.Offset {
+		ok, err := verifyLastLine(f.Path, rec)
+		if err != nil {
+			return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
+		}
+		if ok {
+			st.acked = rec
+			st.leaf.Set(rec.Leaf)
+			start = watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}
+		} else {
+			p.m.rewrites.WithLabelValues("changed").Inc()
+			log.Info("file changed under its checkpoint; comparing it with the mirror")
+		}
+	}
+	if err := p.resume(ctx, st, start, log); err != nil {
+		p.m.resumeQuery.WithLabelValues("error").Inc()
+		return watcher.Start{}, err
+	}
+	if st.acked.Offset == 0 {
+		start = watcher.Start{}
+	}
+	p.mu.Lock()
+	p.files[f.ID] = st
+	p.mu.Unlock()
+	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
+		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Int("held", len(st.held)))
+	return start, nil
+}
+
+// claimKey returns the key this file mirrors under: the conversation id, unless another
+// local file already carries it (a copied session), in which case a key derived from this
+// file's path, so that neither overwrites the other.
+func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	owner, taken := p.byConv[key]
+	if !taken || owner == f.ID {
+		p.byConv[key] = f.ID
+		return key
+	}
+	if other, ok := p.files[owner]; ok && (other.gone || other.skipped) {
+		p.byConv[key] = f.ID
+		return key
+	}
+	sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
+	alt := key + "~" + hex.EncodeToString(sum[:4])
+	p.m.clashes.Inc()
+	log.Warn("two local files carry one conversation id; mirroring this one under its own key",
+		zap.String("conversation", key), zap.String("key", alt))
+	p.byConv[alt] = f.ID
+	return alt
+}
+
+func reasonLabel(why watcher.OpenReason) string {
+	switch why {
+	case watcher.Moved:
+		return "moved"
+	case watcher.Truncated:
+		return "truncated"
+	case watcher.Replaced:
+		return "replaced"
+	}
+	return "changed"
+}
+
+// Torn records a held torn tail (reported, never published half).
+func (p *Publisher) Torn(f watcher.File, offset, n int64) {
+	if st := p.state(f.ID); st != nil {
+		st.mu.Lock()
+		st.torn = n
+		st.mu.Unlock()
+	}
+	if n > 0 {
+		p.log.Debug("torn tail held", zap.String("path", f.Path), zap.Int64("offset", offset), zap.Int64("bytes", n))
+	}
+}
+
+// Gone marks a file deleted locally: its mirror copy stays, its state says so.
+func (p *Publisher) Gone(f watcher.File) {
+	st := p.state(f.ID)
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	st.gone = true
+	st.torn = 0
+	st.cpDirty, st.headDirty = true, true
+	st.mu.Unlock()
+	p.log.Info("session file removed; its mirror copy stays", zap.String("path", f.Path))
+}
+
+func (p *Publisher) state(id watcher.FileID) *fileState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.files[id]
+}
+
+// waitQueueEmpty waits until every line of st read so far is resolved.
+func (p *Publisher) waitQueueEmpty(ctx context.Context, st *fileState) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st.mu.Lock()
+		n := len(st.queue)
+		st.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.closing:
+			return errors.New("publisher closing")
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package publisher
+
+import (
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/watcher"
+)
+
+// fileState is what the publisher knows of one session file. Its mutex guards every field.
+type fileState struct {
+	mu sync.Mutex
+
+	file    watcher.File
+	conv    mirror.Conv
+	header  session.Header
+	hdrSHA  string
+	skipped bool // not a session
+	gone    bool // deleted locally
+
+	// acked is the acknowledged frontier: everything before acked.Offset is in the mirror.
+	acked checkpoint.Record
+	leaf  session.Leaf
+
+	queue []*item            // lines read past the frontier, in file order, not yet resolved
+	held  map[int64]heldLine // what the mirror already holds past the frontier (resume protocol)
+
+	failed    bool          // a publish failed: queue must be reconciled with the mirror
+	resyncing chan struct{} // closed when a running reconciliation ends
+	torn      int64         // bytes of a torn tail held by the watcher
+	seenEnd   int64         // end of the last line read
+	cpDirty   bool
+	headDirty bool
+}
+
+// heldLine is a line the mirror holds: its digest and stream sequence.
+type heldLine struct {
+	sha string
+	seq uint64
+}
+
+// item is one line past the frontier.
+type item struct {
+	ordinal  int64
+	end      int64 // offset after the newline
+	length   int64
+	sha      string
+	env      session.Envelope
+	entry    bool // env is valid (the leaf rule applies)
+	kind     mirror.Kind
+	msg      *nats.Msg // kept until acknowledged, so a retry resends the same bytes and id
+	seen     time.Time
+	weight   int64 // bytes taken from the window
+	done     bool
+	seq      uint64
+	inFlight bool
+}
+
+func (st *fileState) record() checkpoint.Record {
+	r := st.acked
+	r.Dev, r.Ino = st.file.ID.Dev, st.file.ID.Ino
+	r.HeaderSHA = st.hdrSHA
+	r.Root, r.Rel = st.file.Root, st.file.Rel
+	r.Conversation = st.header.ID
+	r.ConvKey = st.conv.Key
+	r.Format = string(st.header.Format)
+	r.Cwd = st.header.Cwd
+	r.Leaf = st.leaf.ID()
+	r.Deleted = st.gone
+	r.UpdatedAt = time.Now().UTC()
+	return r
+}
+
+func (st *fileState) head(host string) mirror.Head {
+	return mirror.Head{
+		Conversation: st.header.ID,
+		Key:          st.conv.Key,
+		Tenant:       st.conv.Owner.Tenant,
+		Owner:        st.conv.Owner.Name,
+		Host:         host,
+		Root:         st.file.Root,
+		Source:       st.file.Rel,
+		Cwd:          st.header.Cwd,
+		Format:       string(st.header.Format),
+		Generation:   st.acked.Generation,
+		Entries:      st.acked.Entries,
+		LastOrdinal:  st.acked.Ordinal - 1,
+		LastSeq:      st.acked.StreamSeq,
+		Bytes:        st.acked.Bytes,
+		Head:         st.leaf.ID(),
+		LocalDeleted: st.gone,
+		UpdatedAt:    time.Now().UTC(),
+	}
+}
+
+// advance moves the frontier over the resolved lines at the head of the queue and
+// returns the window weight they release.
+func (st *fileState) advance() (released int64, n int) {
+	for len(st.queue) > 0 && st.queue[0].done {
+		it := st.queue[0]
+		st.queue[0] = nil
+		st.queue = st.queue[1:]
+		st.acked.Offset = it.end
+		st.acked.Ordinal = it.ordinal + 1
+		if it.seq > st.acked.StreamSeq {
+			st.acked.StreamSeq = it.seq
+		}
+		st.acked.LastSHA = it.sha
+		st.acked.LastLen = it.length
+		st.acked.Entries++
+		st.acked.Bytes = it.end
+		if it.entry {
+			st.leaf.Apply(it.env)
+		}
+		released += it.weight
+		n++
+		st.cpDirty, st.headDirty = true, true
+	}
+	if len(st.queue) == 0 {
+		st.queue = nil
+	}
+	return released, n
+}
+
+// oldestSeen is when the oldest unresolved line was read.
+func (st *fileState) oldestSeen() time.Time {
+	if len(st.queue) == 0 {
+		return time.Time{}
+	}
+	return st.queue[0].seen
+}

@@ -1,0 +1,265 @@
+// Package watcher finds Pi session files (*.jsonl) under one or more roots and tails
+// their complete lines.
+//
+// It watches every directory under each root with fsnotify, backs that up with
+// stat-only rescans (periodic, after an event overflow, and as a polling fallback when
+// the kernel refuses more watches), follows files across renames by device and inode,
+// detects truncation and replacement, and hands everything to a Sink. It knows nothing
+// of NATS and never writes to a session file.
+//
+// Resources are bounded: a fixed pool of workers reads files that have changed (open,
+// read from the last position, close: no descriptor is held between reads), a torn tail
+// is remembered by its offset rather than buffered, and a line longer than
+// Options.MaxInlineBytes is found by scanning without ever being held whole.
+package watcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/zap"
+)
+
+// FileID identifies a file across renames: device and inode.
+type FileID struct{ Dev, Ino uint64 }
+
+// String formats the id as dev:ino.
+func (id FileID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
+
+// File describes one session file.
+type File struct {
+	Root   string // the watched root it was found under (as configured, cleaned, absolute)
+	Rel    string // path relative to Root, slash-separated
+	Path   string // absolute path
+	ID     FileID
+	Header []byte // the first complete line (without its "\n"); a copy, safe to keep; nil when it is longer than Options.MaxInlineBytes
+	Size   int64  // size at the time of the call
+}
+
+// OpenReason says why Sink.Open is called.
+type OpenReason int
+
+const (
+	// Discovered means the file is seen for the first time (startup back-fill or created later).
+	Discovered OpenReason = iota
+	// Moved means the same FileID was seen at a new path within the roots (renamed or
+	// moved); the old path gets no Gone.
+	Moved
+	// Truncated means the size fell below what was already delivered, or the bytes
+	// already delivered were rewritten in place (the header line or the newline ending
+	// the last delivered line changed).
+	Truncated
+	// Replaced means the same path now holds a different FileID (atomic rename over it).
+	Replaced
+)
+
+// String returns the reason's lower-case name, suitable as a metric label.
+func (r OpenReason) String() string {
+	switch r {
+	case Discovered:
+		return "discovered"
+	case Moved:
+		return "moved"
+	case Truncated:
+		return "truncated"
+	case Replaced:
+		return "replaced"
+	}
+	return fmt.Sprintf("OpenReason(%d)", int(r))
+}
+
+// Start is the Sink's answer to Open: where to read from.
+type Start struct {
+	Offset  int64 // byte offset of the next line to deliver (0 = from the header line)
+	Ordinal int64 // ordinal of the line at Offset (0 = header)
+	Skip    bool  // don't tail this file (not a session); re-Open only if it is Truncated/Replaced
+}
+
+// Line is one complete line.
+type Line struct {
+	Ordinal int64     // 0 for line 1, then 1, 2, … in file order
+	Offset  int64     // byte offset of the line's first byte
+	Len     int64     // length without the terminating "\n" (a "\r" before it stays part of the line)
+	Data    []byte    // the bytes, without "\n"; nil when Len > Options.MaxInlineBytes (the sink then reads the section from the file itself with bounded memory). Valid only during the call.
+	Seen    time.Time // when the watcher first read the line's last byte
+}
+
+// Sink receives what the watcher finds. Calls for one file never overlap and come in
+// file order; calls for different files may run concurrently.
+type Sink interface {
+	// Open is called once the file's first line is complete (a file that is empty or
+	// whose first line is torn is held until it completes), and again on
+	// Moved/Truncated/Replaced. Returning an error means: log, count, retry later (next
+	// event, rescan, or a backoff timer). A Start that does not fit the file (beyond its
+	// size, or not just after a newline) is treated like an error.
+	Open(ctx context.Context, f File, why OpenReason) (Start, error)
+	// Line delivers one complete line; blocking here is how the sink applies
+	// backpressure. Returning an error stops this file's tailing; it resumes from the
+	// refused line on the next event, rescan or backoff timer.
+	Line(ctx context.Context, f File, l Line) error
+	// Torn reports a tail without "\n" of n bytes held at offset (called when it
+	// changes, and with n=0 when it is resolved). It is not called for a file whose
+	// first line is still torn: such a file has not been opened yet.
+	Torn(f File, offset, n int64)
+	// Gone reports that the file was removed or moved out of the roots (resources
+	// released). It is called only for files that were opened.
+	Gone(f File)
+}
+
+// EventSource is the stream of file-system notifications the watcher listens to. The
+// default wraps an fsnotify.Watcher (see NewFSNotify); tests inject their own to
+// simulate an overflow (fsnotify.ErrEventOverflow on Errors) or a watch limit (Add
+// failing with syscall.ENOSPC). Add and Remove may be called from several goroutines.
+type EventSource interface {
+	Add(dir string) error
+	Remove(dir string) error
+	Events() <-chan fsnotify.Event
+	Errors() <-chan error
+	Close() error
+}
+
+// Options configure a Watcher. Zero values take the documented defaults.
+type Options struct {
+	Roots   []string
+	Sink    Sink
+	Logger  *zap.Logger // nil = no logs
+	Metrics *Metrics    // may be nil
+	// Workers is the number of reader goroutines (default 4).
+	Workers int
+	// MaxInlineBytes is the longest line handed over in Line.Data (default 512 KiB).
+	MaxInlineBytes int64
+	// ReadBuffer is the size of each worker's read buffer (default 256 KiB).
+	ReadBuffer int
+	// RescanInterval is the period of the safety rescan (stat only; reads nothing
+	// unchanged). 0 means the default of one minute; a negative value disables it.
+	RescanInterval time.Duration
+	// Events is the notification source; nil = fsnotify. Run closes it when it returns.
+	Events EventSource
+	// MoveGrace is how long the identity of a vanished file is remembered, so that a
+	// rename seen as remove-then-create is reported as Moved; Gone follows it
+	// (default 2s).
+	MoveGrace time.Duration
+	// RootPollInterval is how often a root that does not exist (yet, or any more) is
+	// checked for (default 1s).
+	RootPollInterval time.Duration
+	// FallbackPollInterval is how often a root is rescanned when the kernel refused
+	// watches for it (ENOSPC from inotify limits) (default 10s).
+	FallbackPollInterval time.Duration
+}
+
+// Defaults applied by New to zero fields of Options.
+const (
+	DefaultWorkers              = 4
+	DefaultMaxInlineBytes       = 512 << 10
+	DefaultReadBuffer           = 256 << 10
+	DefaultRescanInterval       = time.Minute
+	DefaultMoveGrace            = 2 * time.Second
+	DefaultRootPollInterval     = time.Second
+	DefaultFallbackPollInterval = 10 * time.Second
+	minReadBuffer               = 16
+)
+
+// normalize validates o and fills in defaults.
+func (o *Options) normalize() error {
+	if o.Sink == nil {
+		return errors.New("watcher: no Sink")
+	}
+	if len(o.Roots) == 0 {
+		return errors.New("watcher: no root to watch")
+	}
+	roots := make([]string, 0, len(o.Roots))
+	for _, r := range o.Roots {
+		if r == "" {
+			return errors.New("watcher: empty root")
+		}
+		abs, err := filepath.Abs(r)
+		if err != nil {
+			return fmt.Errorf("watcher: root %q: %w", r, err)
+		}
+		dup := false
+		for _, q := range roots {
+			switch {
+			case q == abs:
+				dup = true
+			case within(abs, q) || within(q, abs):
+				return fmt.Errorf("watcher: roots %q and %q overlap", q, abs)
+			}
+		}
+		if !dup {
+			roots = append(roots, abs)
+		}
+	}
+	o.Roots = roots
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics()
+	}
+	if o.Workers < 0 || o.MaxInlineBytes < 0 || o.ReadBuffer < 0 || o.MoveGrace < 0 ||
+		o.RootPollInterval < 0 || o.FallbackPollInterval < 0 {
+		return errors.New("watcher: negative Workers, MaxInlineBytes, ReadBuffer or interval")
+	}
+	if o.Workers == 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.MaxInlineBytes == 0 {
+		o.MaxInlineBytes = DefaultMaxInlineBytes
+	}
+	if o.ReadBuffer == 0 {
+		o.ReadBuffer = DefaultReadBuffer
+	}
+	if o.ReadBuffer < minReadBuffer {
+		return fmt.Errorf("watcher: ReadBuffer %d is below %d bytes", o.ReadBuffer, minReadBuffer)
+	}
+	if o.RescanInterval == 0 {
+		o.RescanInterval = DefaultRescanInterval
+	}
+	if o.MoveGrace == 0 {
+		o.MoveGrace = DefaultMoveGrace
+	}
+	if o.RootPollInterval == 0 {
+		o.RootPollInterval = DefaultRootPollInterval
+	}
+	if o.FallbackPollInterval == 0 {
+		o.FallbackPollInterval = DefaultFallbackPollInterval
+	}
+	return nil
+}
+
+// within reports whether path is dir or lies below it.
+func within(path, dir string) bool {
+	if path == dir {
+		return true
+	}
+	if dir == string(filepath.Separator) {
+		return strings.HasPrefix(path, dir)
+	}
+	return strings.HasPrefix(path, dir+string(filepath.Separator))
+}
+
+// isSessionName reports whether a file name is one the watcher tails.
+func isSessionName(name string) bool { return strings.HasSuffix(name, ".jsonl") }
+
+// Stats is a snapshot of the watcher's counters.
+type Stats struct {
+	Files        int   // files known (pending, tailing or skipped)
+	Pending      int   // files whose first line is not complete yet, or not opened yet
+	Tailing      int   // files opened and tailed
+	Skipped      int   // files the sink chose not to tail
+	Dirs         int   // directories watched
+	WaitingRoots int   // roots that do not exist and are polled for
+	PollingRoots int   // roots rescanned periodically because watches were refused
+	TornTails    int   // files holding a torn tail
+	BytesRead    int64 // bytes read from session files
+	Lines        int64 // lines accepted by the sink
+	Events       int64 // file-system events received
+	Overflows    int64 // event overflows
+	Rescans      int64 // full rescans of a root
+	Errors       int64 // errors of any kind (see the errors_total metric for reasons)
+}

@@ -1,0 +1,336 @@
+package watcher
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// fileState is everything the watcher knows about one session file.
+type fileState struct {
+	// Guarded by Watcher.mu.
+	path, rel   string
+	root        *root
+	queued      bool // in Watcher.queue
+	running     bool // a worker has it
+	dirty       bool // something happened while it ran: queue it again
+	dropped     bool // forgotten: runs do nothing
+	vanished    bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
+	goneDue     bool // MoveGrace is over: the next run reports Gone
+	moved       bool // re-keyed to a new path: the next run reports Moved
+	idKnown     bool
+	id          FileID
+	inByID      bool // Watcher.byID[id] == this
+	seenGen     uint64
+	snap        statSnap // what the last complete run saw, for stat-only rescans
+	needRun     bool     // the last run failed: a rescan looks again even if nothing changed
+	initPending bool     // part of the initial scan, not run yet
+	mstate      string
+	retryAt     time.Time
+	goneAt      time.Time
+
+	// Owned by the worker running the file (one at a time, handed over under Watcher.mu).
+	announced   bool       // the sink had an Open and no Gone yet
+	current     bool       // the sink has opened the present content
+	pendingWhy  OpenReason // reason of the next Open when !current
+	movePending bool       // a Moved not yet accepted by the sink
+	skip        bool
+	skipSize    int64
+	header      []byte
+	t           tail
+	fp          fingerprint
+	tornOff     int64
+	tornN       int64
+	file        File // as last given to the sink
+	errKey      string
+	backoff     time.Duration
+	linkSeen    time.Time // when this path was first seen as a second name of a known inode
+	agains      int       // consecutive runs cut short by a race (see again)
+}
+
+// statSnap is what a stat-only rescan compares with.
+type statSnap struct {
+	ok    bool
+	id    FileID
+	size  int64
+	mtime time.Time
+}
+
+func snapOf(fi os.FileInfo) statSnap {
+	return statSnap{ok: true, id: fileIDOf(fi), size: fi.Size(), mtime: fi.ModTime()}
+}
+
+// sinkError marks an error returned by Sink.Line.
+type sinkError struct{ err error }
+
+func (e sinkError) Error() string { return e.err.Error() }
+func (e sinkError) Unwrap() error { return e.err }
+
+// run looks at one file: who is at its path now, whether it was rewritten, and reads
+// what is new, delivering complete lines.
+func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
+	w.mu.Lock()
+	if s.dropped || (s.vanished && !s.goneDue) {
+		w.mu.Unlock()
+		return
+	}
+	if s.goneDue {
+		s.goneDue = false
+		w.dropLocked(s)
+		w.mu.Unlock()
+		w.sinkGone(s)
+		return
+	}
+	path, rel, r := s.path, s.rel, s.root
+	id, idKnown := s.id, s.idKnown
+	if s.moved {
+		s.moved = false
+		s.movePending = s.announced
+	}
+	w.mu.Unlock()
+
+	fi, err := os.Lstat(path)
+	if err != nil {
+		if isGone(err) {
+			w.vanish(s, path)
+		} else {
+			w.fail(s, errReason(err), "stat", err, false)
+		}
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		w.vanish(s, path)
+		return
+	}
+	nid := fileIDOf(fi)
+	if !idKnown || nid != id {
+		if !w.resolve(s, path, nid) {
+			return
+		}
+		if idKnown && s.announced {
+			w.resetTorn(s)
+			s.current, s.pendingWhy = false, Replaced
+		}
+	}
+
+	f, err := os.OpenFile(path, openFlags, 0)
+	if err != nil {
+		if isGone(err) {
+			w.vanish(s, path)
+		} else {
+			w.fail(s, errReason(err), "open", err, false)
+		}
+		return
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		w.fail(s, errReason(err), "stat", err, false)
+		return
+	}
+	if fileIDOf(fi) != nid {
+		w.again(s, errors.New("file changed between stat and open")) // renamed meanwhile: look again
+		return
+	}
+	size := fi.Size()
+	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Header: s.header, Size: size}
+
+	needOpen, why := false, s.pendingWhy
+	switch {
+	case !s.current:
+		needOpen = true
+	case !w.sameContent(lr, f, s, size):
+		if s.movePending {
+			// Not the file we knew under this inode number (it was freed and reused):
+			// the old one is gone, this one is new.
+			w.sinkGone(s)
+			why = Discovered
+		} else {
+			why = Truncated
+		}
+		s.current, s.pendingWhy, needOpen = false, why, true
+	case s.movePending && !s.skip:
+		needOpen, why = true, Moved
+	}
+	s.movePending = s.movePending && needOpen
+
+	if needOpen {
+		w.resetTorn(s)
+		hdr, complete, n, err := lr.firstLine(f, size)
+		w.addRead(n)
+		if err != nil {
+			w.fail(s, errReason(err), "read", err, false)
+			return
+		}
+		if !complete {
+			// Empty or header torn: held until the first line completes.
+			w.setState(s, statePending)
+			w.succeed(s, fi)
+			return
+		}
+		file.Header = hdr
+		s.file = file
+		st, err := w.sink.Open(ctx, file, why)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.fail(s, reasonSinkOpen, "open", err, true)
+			}
+			return
+		}
+		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prev: -1}
+		var fp fingerprint
+		if !st.Skip {
+			if err = checkStart(f, st, size); err == nil {
+				var n int64
+				fp, n, err = readFP(f, t)
+				w.addRead(n)
+			}
+			if err != nil {
+				w.fail(s, reasonBadStart, "open", err, true)
+				return
+			}
+		}
+		s.announced, s.current, s.movePending = true, true, false
+		s.pendingWhy = Discovered
+		s.header, s.skip, s.skipSize, s.fp = hdr, st.Skip, size, fp
+		s.t = t
+		if st.Skip {
+			w.setState(s, stateSkipped)
+		} else {
+			w.setState(s, stateTailing)
+		}
+	}
+	s.file = file
+	if s.skip {
+		w.succeed(s, fi)
+		return
+	}
+
+	from, ord := s.t.off, s.t.ord
+	n, err := lr.advance(f, &s.t, size, func(l Line) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := w.sink.Line(ctx, file, l); err != nil {
+			return sinkError{err}
+		}
+		return nil
+	})
+	w.addRead(n)
+	if delivered := s.t.ord - ord; delivered > 0 {
+		w.lines.Add(delivered)
+		w.m.lines.Add(float64(delivered))
+	}
+	if s.t.off != from {
+		fp, n, fpErr := readFP(f, s.t)
+		w.addRead(n)
+		if s.fp = fp; fpErr != nil && err == nil {
+			err = fpErr
+		}
+	}
+	var se sinkError
+	switch {
+	case ctx.Err() != nil:
+		return
+	case errors.Is(err, errShortRead):
+		w.again(s, err) // it shrank while being read: the next run says how
+		return
+	case errors.As(err, &se):
+		w.fail(s, reasonSinkLine, "line", se.err, true)
+		return
+	case err != nil:
+		w.fail(s, errReason(err), "read", err, false)
+		return
+	}
+	w.setTorn(s, s.t.off, size-s.t.off)
+	w.succeed(s, fi)
+}
+
+// setTorn reports a change of the torn tail.
+func (w *Watcher) setTorn(s *fileState, off, n int64) {
+	if n == s.tornN && (n == 0 || off == s.tornOff) {
+		return
+	}
+	if (n > 0) != (s.tornN > 0) {
+		w.mu.Lock()
+		if n > 0 {
+			w.torn++
+			w.m.torn.Inc()
+		} else {
+			w.torn--
+			w.m.torn.Dec()
+		}
+		w.mu.Unlock()
+	}
+	s.tornOff, s.tornN = off, n
+	w.sink.Torn(s.file, off, n)
+}
+
+// resetTorn resolves a reported torn tail before the file is reopened or gone.
+func (w *Watcher) resetTorn(s *fileState) {
+	if s.tornN > 0 {
+		w.setTorn(s, s.tornOff, 0)
+	}
+}
+
+// again queues s once more after its current run, for a race with a writer that the
+// next run settles. Should it keep happening (a file system whose sizes or ids do not
+// hold still), it becomes an error with a backoff rather than a busy loop.
+func (w *Watcher) again(s *fileState, why error) {
+	if s.agains++; s.agains > maxAgains {
+		s.agains = 0
+		w.fail(s, reasonIO, "read", why, true)
+		return
+	}
+	w.mu.Lock()
+	w.scheduleLocked(s)
+	w.mu.Unlock()
+}
+
+const maxAgains = 3
+
+// succeed records what a complete run saw and clears the error state.
+func (w *Watcher) succeed(s *fileState, fi os.FileInfo) {
+	if s.errKey != "" {
+		w.log.Info("session file processed again after errors", zap.String("path", s.file.Path), zap.Int64("offset", s.t.off))
+		s.errKey = ""
+	}
+	s.backoff, s.agains = 0, 0
+	w.mu.Lock()
+	s.snap, s.needRun = snapOf(fi), false
+	w.mu.Unlock()
+}
+
+// fail logs (once per streak of the same error), counts, and arranges the retry: the
+// next event or rescan, and for a sink error also a backoff timer.
+func (w *Watcher) fail(s *fileState, reason, op string, err error, retry bool) {
+	w.countError(reason)
+	w.mu.Lock()
+	path := s.path
+	s.needRun = true
+	if retry {
+		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
+		s.retryAt = w.afterLocked(s.backoff, s, kindRetry)
+	}
+	w.mu.Unlock()
+	if key := reason + "/" + op; key != s.errKey {
+		s.errKey = key
+		w.log.Warn("cannot process session file; will retry", zap.String("path", path),
+			zap.Int64("offset", s.t.off), zap.String("op", op), zap.String("reason", reason), zap.Error(err))
+	}
+}
+
+func isGone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+func errReason(err error) string {
+	if errors.Is(err, fs.ErrPermission) {
+		return reasonPermission
+	}
+	return reasonIO
+}

@@ -1,0 +1,117 @@
+package watcher
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the watcher's Prometheus collectors (names pisync_watcher_*). They are
+// declared here and registered by the caller on its own registry.
+type Metrics struct {
+	events       *prometheus.CounterVec
+	overflows    prometheus.Counter
+	rescans      *prometheus.CounterVec
+	dirs         prometheus.Gauge
+	files        *prometheus.GaugeVec
+	readBytes    prometheus.Counter
+	lines        prometheus.Counter
+	errors       *prometheus.CounterVec
+	torn         prometheus.Gauge
+	pollingRoots prometheus.Gauge
+	waitingRoots prometheus.Gauge
+}
+
+// File states of the files{state} gauge.
+const (
+	statePending = "pending" // first line not complete, or not opened yet
+	stateTailing = "tailing"
+	stateSkipped = "skipped"
+)
+
+// Error reasons of the errors_total{reason} counter.
+const (
+	reasonPermission = "permission"  // EACCES/EPERM on a file or directory
+	reasonIO         = "io"          // any other read or stat error (EIO, …)
+	reasonSinkOpen   = "sink_open"   // Sink.Open failed
+	reasonSinkLine   = "sink_line"   // Sink.Line failed
+	reasonBadStart   = "bad_start"   // Sink.Open returned a Start that does not fit the file
+	reasonWatch      = "watch"       // adding a watch failed, or the event source reported an error
+	reasonWatchLimit = "watch_limit" // adding a watch failed with ENOSPC: the root is polled
+	reasonReadDir    = "readdir"     // listing a directory failed
+)
+
+// NewMetrics creates the collectors, unregistered.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_watcher_events_total",
+			Help: "File-system events received, by operation (create, write, remove, rename, chmod).",
+		}, []string{"op"}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_watcher_overflows_total",
+			Help: "Event queue overflows reported by the kernel; each one triggers a full rescan.",
+		}),
+		rescans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_watcher_rescans_total",
+			Help: "Full stat-based rescans of a root, by reason (initial, overflow, periodic, poll, root_appeared).",
+		}, []string{"reason"}),
+		dirs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_watched_directories",
+			Help: "Directories currently watched for changes.",
+		}),
+		files: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pisync_watcher_files",
+			Help: "Session files known to the watcher, by state (pending, tailing, skipped).",
+		}, []string{"state"}),
+		readBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_watcher_read_bytes_total",
+			Help: "Bytes read from session files.",
+		}),
+		lines: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_watcher_lines_total",
+			Help: "Complete lines handed to the sink and accepted by it.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_watcher_errors_total",
+			Help: "Errors while watching, scanning or reading, by reason.",
+		}, []string{"reason"}),
+		torn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_torn_tails",
+			Help: "Files whose last line is incomplete (no newline yet) and held back.",
+		}),
+		pollingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_polling_roots",
+			Help: "Roots rescanned periodically because the kernel refused more watches.",
+		}),
+		waitingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_waiting_roots",
+			Help: "Configured roots that do not exist and are polled for.",
+		}),
+	}
+	// Export every label value from the start, so that rates and alerts see zeros.
+	for _, op := range []string{"create", "write", "remove", "rename", "chmod"} {
+		m.events.WithLabelValues(op)
+	}
+	for _, r := range []string{rescanInitial, rescanOverflow, rescanPeriodic, rescanPoll, rescanRootAppeared} {
+		m.rescans.WithLabelValues(r)
+	}
+	for _, s := range []string{statePending, stateTailing, stateSkipped} {
+		m.files.WithLabelValues(s)
+	}
+	for _, r := range []string{reasonPermission, reasonIO, reasonSinkOpen, reasonSinkLine, reasonBadStart,
+		reasonWatch, reasonWatchLimit, reasonReadDir} {
+		m.errors.WithLabelValues(r)
+	}
+	return m
+}
+
+// Register registers every collector on r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range []prometheus.Collector{m.events, m.overflows, m.rescans, m.dirs, m.files,
+		m.readBytes, m.lines, m.errors, m.torn, m.pollingRoots, m.waitingRoots} {
+		errs = append(errs, r.Register(c))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,187 @@
+package watcher
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestCopyTruncate covers a file rewritten in place (as Pi's migration of a v1 file
+// does) to a shorter, same-size or larger content: each is one Open(Truncated) and the
+// new content delivered from the start. The same-size case is the one a size check
+// alone misses.
+func TestCopyTruncate(t *testing.T) {
+	old := session("rewrite-old", 5)
+	cases := []struct {
+		name  string
+		lines []string
+	}{
+		{"smaller", session("rewrite-old", 2)},
+		{"same size, other ids", func() []string {
+			l := slices.Clone(old)
+			l[5] = strings.Replace(l[5], "rewr0005", "REWR0005", 1)
+			return l
+		}()},
+		{"larger, new header", session("rewrite-new", 9)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			p := filepath.Join(root, "s.jsonl")
+			writeFile(t, p, joinLines(old...))
+			h := start(t, newRecSink(), []string{root}, nil)
+			h.ready(t)
+			waitLines(t, h.sink, p, old...)
+			if err := os.WriteFile(p, []byte(joinLines(c.lines...)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			waitLines(t, h.sink, p, append(slices.Clone(old), c.lines...)...)
+			if r := h.sink.reasons(p); len(r) != 2 || r[1] != Truncated {
+				t.Fatalf("opens %v", r)
+			}
+			h.noGone(t)
+		})
+	}
+}
+
+func TestAtomicReplace(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("replace-a", 3)
+	writeFile(t, p, joinLines(old...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	waitLines(t, h.sink, p, old...)
+	oldID := h.sink.find("open", p)[0].f.ID
+
+	repl := session("replace-a", 4) // a repair rewrites everything, with one more line
+	tmp := filepath.Join(root, ".s.jsonl.tmp")
+	writeFile(t, tmp, joinLines(repl...))
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	waitLines(t, h.sink, p, append(slices.Clone(old), repl...)...)
+	opens := h.sink.find("open", p)
+	if len(opens) != 2 || opens[1].why != Replaced || opens[1].f.ID == oldID {
+		t.Fatalf("opens %+v", opens)
+	}
+	appendFile(t, p, "{\"after\":1}\n")
+	waitLines(t, h.sink, p, append(append(slices.Clone(old), repl...), `{"after":1}`)...)
+	h.noGone(t)
+}
+
+func TestRenameWithinRootIsMoved(t *testing.T) {
+	root := t.TempDir()
+	a := filepath.Join(root, "--w--", "a.jsonl")
+	b := filepath.Join(root, "--elsewhere--", "b.jsonl")
+	lines := session("moved-aa", 3)
+	writeFile(t, a, joinLines(lines...))
+	if err := os.MkdirAll(filepath.Dir(b), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	waitLines(t, h.sink, a, lines...)
+	if err := os.Rename(a, b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Moved", func() bool { return len(h.sink.find("open", b)) == 1 })
+	if c := h.sink.find("open", b)[0]; c.why != Moved || c.f.Rel != "--elsewhere--/b.jsonl" {
+		t.Fatalf("open %v %q", c.why, c.f.Rel)
+	}
+	appendFile(t, b, "{\"next\":4}\n")
+	waitLines(t, h.sink, b, `{"next":4}`)
+	if l := h.sink.find("line", b)[0].line; l.Ord != 4 {
+		t.Fatalf("ordinal after move %d", l.Ord)
+	}
+	h.noGone(t)
+	// The directory renamed: its file is Moved again, its watches follow.
+	renameDir := filepath.Join(root, "--renamed--")
+	if err := os.Rename(filepath.Dir(b), renameDir); err != nil {
+		t.Fatal(err)
+	}
+	c := filepath.Join(renameDir, "b.jsonl")
+	waitFor(t, "Moved with its directory", func() bool { return len(h.sink.find("open", c)) == 1 })
+	appendFile(t, c, "{\"next\":5}\n")
+	waitLines(t, h.sink, c, `{"next":5}`)
+	h.noGone(t)
+	if n := len(h.sink.find("line", "")); n != len(lines)+2 {
+		t.Fatalf("%d lines delivered in all", n)
+	}
+}
+
+func TestDeleteIsGone(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	writeFile(t, p, joinLines(session("deleted-x", 1)...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Gone", func() bool { return len(h.sink.find("gone", p)) == 1 })
+	waitFor(t, "forgotten", func() bool { return h.w.Stats().Files == 0 })
+}
+
+func TestDirDeletedAndRecreated(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "--w--", "sub")
+	p1, p2 := filepath.Join(dir, "one.jsonl"), filepath.Join(dir, "two.jsonl")
+	writeFile(t, p1, joinLines(session("dir-one", 1)...))
+	writeFile(t, p2, joinLines(session("dir-two", 1)...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	if err := os.RemoveAll(filepath.Dir(dir)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both Gone", func() bool { return len(h.sink.find("gone", "")) == 2 })
+	waitFor(t, "watches dropped", func() bool { return h.w.Stats().Dirs == 1 })
+	p3 := filepath.Join(dir, "three.jsonl")
+	writeFile(t, p3, joinLines(session("dir-three", 2)...))
+	waitLines(t, h.sink, p3, session("dir-three", 2)...)
+	appendFile(t, p3, "{}\n")
+	waitLines(t, h.sink, p3, append(session("dir-three", 2), "{}")...)
+}
+
+func TestRootDeletedAndRecreated(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "sessions")
+	p := filepath.Join(root, "--w--", "s.jsonl")
+	writeFile(t, p, joinLines(session("root-gone", 1)...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Gone", func() bool { return len(h.sink.find("gone", p)) == 1 })
+	waitFor(t, "root waited for", func() bool { return h.w.Stats().WaitingRoots == 1 })
+	writeFile(t, p, joinLines(session("root-back", 2)...))
+	waitLines(t, h.sink, p, append(session("root-gone", 1), session("root-back", 2)...)...)
+	appendFile(t, p, "{}\n")
+	waitLines(t, h.sink, p, append(append(session("root-gone", 1), session("root-back", 2)...), "{}")...)
+}
+
+func TestNestedDirRenamed(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "a", "b", "s.jsonl")
+	lines := session("nested-rename", 2)
+	writeFile(t, p, joinLines(lines...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	if err := os.Rename(filepath.Join(root, "a"), filepath.Join(root, "z")); err != nil {
+		t.Fatal(err)
+	}
+	q := filepath.Join(root, "z", "b", "s.jsonl")
+	waitFor(t, "Moved", func() bool { return len(h.sink.find("open", q)) == 1 })
+	// Events of the renamed subdirectory now carry its new path.
+	appendFile(t, q, "{}\n")
+	waitLines(t, h.sink, q, "{}")
+	r := filepath.Join(root, "z", "b", "new.jsonl")
+	writeFile(t, r, joinLines(session("nested-new", 1)...))
+	waitLines(t, h.sink, r, session("nested-new", 1)...)
+	if st := h.w.Stats(); st.Dirs != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	h.noGone(t)
+}

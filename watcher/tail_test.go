@@ -1,0 +1,249 @@
+package watcher
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// growing is a file that is being appended to: ReadAt sees only what was written.
+type growing struct{ data []byte }
+
+func (g *growing) ReadAt(p []byte, off int64) (int, error) {
+	if off >= int64(len(g.data)) {
+		return 0, fmt.Errorf("read at %d beyond %d", off, len(g.data))
+	}
+	n := copy(p, g.data[off:])
+	if n < len(p) {
+		return n, errors.New("short read")
+	}
+	return n, nil
+}
+
+type gotLine struct {
+	Ord, Off, Len int64
+	Data          string
+	Inline        bool
+}
+
+// collect runs advance over content appended in the given pieces, calling it after
+// each piece, and returns the lines with their bytes (taken from the content when
+// Data is nil) and the final tail.
+func collect(t testing.TB, pieces [][]byte, bufSize int, maxInline int64) ([]gotLine, tail) {
+	t.Helper()
+	lr := newLineReader(bufSize, maxInline)
+	g := &growing{}
+	var tl tail
+	var out []gotLine
+	for _, p := range pieces {
+		g.data = append(g.data, p...)
+		_, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error {
+			gl := gotLine{Ord: l.Ordinal, Off: l.Offset, Len: l.Len, Inline: l.Data != nil}
+			if l.Data != nil {
+				if int64(len(l.Data)) != l.Len {
+					t.Fatalf("line %d: len(Data)=%d, Len=%d", l.Ordinal, len(l.Data), l.Len)
+				}
+				gl.Data = string(l.Data)
+			} else {
+				if l.Len <= maxInline {
+					t.Fatalf("line %d of %d bytes not inline (max %d)", l.Ordinal, l.Len, maxInline)
+				}
+				gl.Data = string(g.data[l.Offset : l.Offset+l.Len])
+			}
+			out = append(out, gl)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out, tl
+}
+
+// reference splits content into complete lines the obvious way.
+func reference(content []byte) []gotLine {
+	var out []gotLine
+	off := int64(0)
+	for i, part := range bytes.SplitAfter(content, []byte("\n")) {
+		if len(part) == 0 || part[len(part)-1] != '\n' {
+			break
+		}
+		out = append(out, gotLine{Ord: int64(i), Off: off, Len: int64(len(part) - 1), Data: string(part[:len(part)-1])})
+		off += int64(len(part))
+	}
+	return out
+}
+
+func sameLines(a, b []gotLine) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Ord != y.Ord || x.Off != y.Off || x.Len != y.Len || x.Data != y.Data {
+			return false
+		}
+	}
+	return true
+}
+
+func TestLineReader(t *testing.T) {
+	cases := []struct {
+		name    string
+		content string
+		torn    int64
+	}{
+		{"empty", "", 0},
+		{"one", "{\"a\":1}\n", 0},
+		{"blank lines", "h\n\n\nx\n", 0},
+		{"crlf", "h\r\n{\"a\":1}\r\n\r\n", 0},
+		{"torn tail", "h\nabc", 3},
+		{"only torn", "abc", 3},
+		{"lone cr", "h\r", 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, bufSize := range []int{1, 2, 3, 16, 4096} {
+				got, tl := collect(t, [][]byte{[]byte(c.content)}, bufSize, 1<<20)
+				want := reference([]byte(c.content))
+				if !sameLines(got, want) {
+					t.Fatalf("buf %d: got %+v, want %+v", bufSize, got, want)
+				}
+				if n := int64(len(c.content)) - tl.off; n != c.torn {
+					t.Fatalf("buf %d: torn %d, want %d", bufSize, n, c.torn)
+				}
+				for _, l := range got {
+					if !l.Inline {
+						t.Fatalf("line %d not inline", l.Ord)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestLineReaderBlankLineHasData(t *testing.T) {
+	lr := newLineReader(64, 1024)
+	g := &growing{data: []byte("\n\r\n")}
+	var tl tail
+	var lines []Line
+	if _, err := lr.advance(g, &tl, 3, func(l Line) error { lines = append(lines, l); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 2 || lines[0].Data == nil || lines[0].Len != 0 || string(lines[1].Data) != "\r" {
+		t.Fatalf("got %+v", lines)
+	}
+}
+
+func TestLineReaderLongLines(t *testing.T) {
+	long := bytes.Repeat([]byte("x"), 1000)
+	content := append(append([]byte("short\n"), long...), "\nend\n"...)
+	got, _ := collect(t, [][]byte{content}, 64, 100)
+	if len(got) != 3 || !got[0].Inline || got[1].Inline || !got[2].Inline {
+		t.Fatalf("got %+v", got)
+	}
+	if got[1].Off != 6 || got[1].Len != 1000 || got[2].Off != 1007 {
+		t.Fatalf("long line at %d len %d, next at %d", got[1].Off, got[1].Len, got[2].Off)
+	}
+}
+
+// TestLineReaderResumesScan pins that a long torn tail is not scanned again from its
+// start on every append: only the new bytes are read.
+func TestLineReaderResumesScan(t *testing.T) {
+	lr := newLineReader(64, 100)
+	g := &growing{}
+	var tl tail
+	var lines []Line
+	emit := func(l Line) error { lines = append(lines, l); return nil }
+	var read int64
+	for range 50 {
+		g.data = append(g.data, bytes.Repeat([]byte("y"), 100)...)
+		n, err := lr.advance(g, &tl, int64(len(g.data)), emit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += n
+	}
+	g.data = append(g.data, '\n')
+	n, err := lr.advance(g, &tl, int64(len(g.data)), emit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read += n
+	if len(lines) != 1 || lines[0].Len != 5000 || lines[0].Data != nil {
+		t.Fatalf("lines %+v", lines)
+	}
+	// The first 100 bytes may be read twice (the line is short until it is not).
+	if read > 5001+200 {
+		t.Fatalf("read %d bytes for a 5001-byte file", read)
+	}
+}
+
+func TestLineReaderEmitErrorKeepsPosition(t *testing.T) {
+	lr := newLineReader(8, 100)
+	g := &growing{data: []byte("a\nbb\nccc\n")}
+	var tl tail
+	refuse := errors.New("no")
+	calls := 0
+	_, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error {
+		calls++
+		if l.Ordinal == 1 {
+			return refuse
+		}
+		return nil
+	})
+	if !errors.Is(err, refuse) || tl.off != 2 || tl.ord != 1 {
+		t.Fatalf("err %v, tail %+v", err, tl)
+	}
+	var got []string
+	if _, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error {
+		got = append(got, string(l.Data))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[bb ccc]" || tl.off != 9 || tl.ord != 3 {
+		t.Fatalf("got %v, tail %+v", got, tl)
+	}
+}
+
+// FuzzTail checks that content written in arbitrary pieces (splits inside "\r\n" and
+// inside long lines included) yields exactly the lines of one write, with any buffer
+// size and inline limit.
+func FuzzTail(f *testing.F) {
+	f.Add([]byte("{\"type\":\"session\"}\n{\"a\":1}\r\n\n\r\nlast"), []byte{3, 1, 7}, uint8(4), uint8(5))
+	f.Add([]byte("a\r\nb\r\n"), []byte{2, 1, 2}, uint8(1), uint8(1))
+	f.Add(bytes.Repeat([]byte("xyz\n"), 40), []byte{1, 50, 2}, uint8(7), uint8(3))
+	f.Fuzz(func(t *testing.T, content, splits []byte, buf, inline uint8) {
+		bufSize := int(buf%64) + 1
+		maxInline := int64(inline % 32)
+		var pieces [][]byte
+		rest := content
+		for i := 0; len(rest) > 0; i++ {
+			n := len(rest)
+			if len(splits) > 0 {
+				n = min(1+int(splits[i%len(splits)])%16, len(rest))
+			}
+			pieces = append(pieces, rest[:n])
+			rest = rest[n:]
+		}
+		whole, wholeTail := collect(t, [][]byte{content}, bufSize, maxInline)
+		split, splitTail := collect(t, pieces, bufSize, maxInline)
+		want := reference(content)
+		if !sameLines(whole, want) {
+			t.Fatalf("one write: got %+v, want %+v", whole, want)
+		}
+		if !sameLines(split, want) {
+			t.Fatalf("%d pieces: got %+v, want %+v", len(pieces), split, want)
+		}
+		if wholeTail.off != splitTail.off || wholeTail.ord != splitTail.ord {
+			t.Fatalf("tails differ: %+v vs %+v", wholeTail, splitTail)
+		}
+		for _, l := range split {
+			if l.Inline != (l.Len <= maxInline) {
+				t.Fatalf("line %d of %d bytes: inline=%v with max %d", l.Ord, l.Len, l.Inline, maxInline)
+			}
+		}
+	})
+}
