@@ -53,6 +53,13 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		if err := p.waitQueueEmpty(ctx, old); err != nil {
 			return watcher.Start{}, err
 		}
+		// The store must describe the frontier as it is now, not as of the last commit.
+		old.mu.Lock()
+		if old.cpDirty {
+			old.cpDirty = false
+			p.opts.Checkpoints.Put(old.record())
+		}
+		old.mu.Unlock()
 	}
 
 	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))

@@ -136,7 +136,9 @@ type Options struct {
 	// ReadBuffer is the size of each worker's read buffer (default 256 KiB).
 	ReadBuffer int
 	// RescanInterval is the period of the safety rescan (stat only; reads nothing
-	// unchanged). 0 means the default of one minute; a negative value disables it.
+	// unchanged). 0 (or less) disables it; DefaultRescanInterval is the recommended
+	// value. Rescans after an overflow, of roots short of watches, and checks for missing
+	// roots happen regardless.
 	RescanInterval time.Duration
 	// Events is the notification source; nil = fsnotify. Run closes it when it returns.
 	Events EventSource
@@ -152,7 +154,8 @@ type Options struct {
 	FallbackPollInterval time.Duration
 }
 
-// Defaults applied by New to zero fields of Options.
+// Defaults applied by New to zero fields of Options (DefaultRescanInterval excepted:
+// a zero RescanInterval disables the periodic rescan).
 const (
 	DefaultWorkers              = 4
 	DefaultMaxInlineBytes       = 512 << 10
@@ -216,9 +219,6 @@ func (o *Options) normalize() error {
 	}
 	if o.ReadBuffer < minReadBuffer {
 		return fmt.Errorf("watcher: ReadBuffer %d is below %d bytes", o.ReadBuffer, minReadBuffer)
-	}
-	if o.RescanInterval == 0 {
-		o.RescanInterval = DefaultRescanInterval
 	}
 	if o.MoveGrace == 0 {
 		o.MoveGrace = DefaultMoveGrace

@@ -25,7 +25,8 @@ type fileState struct {
 	moved       bool // re-keyed to a new path: the next run reports Moved
 	idKnown     bool
 	id          FileID
-	inByID      bool // Watcher.byID[id] == this
+	inByID      bool   // Watcher.byID[id] == this
+	aliasOf     FileID // a second name of this tailed inode, waiting (Watcher.aliases)
 	seenGen     uint64
 	snap        statSnap // what the last complete run saw, for stat-only rescans
 	needRun     bool     // the last run failed: a rescan looks again even if nothing changed
@@ -49,8 +50,7 @@ type fileState struct {
 	file        File // as last given to the sink
 	errKey      string
 	backoff     time.Duration
-	linkSeen    time.Time // when this path was first seen as a second name of a known inode
-	agains      int       // consecutive runs cut short by a race (see again)
+	agains      int // consecutive runs cut short by a race (see again)
 }
 
 // statSnap is what a stat-only rescan compares with.

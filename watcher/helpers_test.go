@@ -389,3 +389,13 @@ func (h *harness) noGone(t *testing.T) {
 		t.Fatalf("gone %+v", g)
 	}
 }
+
+func (w *Watcher) aliasCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, m := range w.aliases {
+		n += len(m)
+	}
+	return n
+}

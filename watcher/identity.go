@@ -33,21 +33,27 @@ func (w *Watcher) resolve(s *fileState, path string, nid FileID) bool {
 		fi, err := os.Lstat(tPath)
 		oldTaken = err == nil
 		if err == nil && fileIDOf(fi) == nid {
-			// Two names of one inode: a new name whose old one is about to be unlinked
-			// (link, then unlink: a move seen create-first), or a lasting hard link.
-			// Give the old name MoveGrace to vanish; after that, tail this one on its own.
-			if s.linkSeen.IsZero() {
-				s.linkSeen = time.Now()
-			}
+			// Another name of a tailed inode: a hard link, or a new name whose old one
+			// is about to be unlinked (link, then unlink: a move seen create-first).
+			// One name of an inode is tailed; this one waits, and takes over (Moved)
+			// when the other goes.
 			w.mu.Lock()
-			defer w.mu.Unlock()
-			if time.Since(s.linkSeen) < w.opts.MoveGrace {
-				s.retryAt = w.afterLocked(w.opts.MoveGrace/8+time.Millisecond, s, kindRetry)
+			if s.path != path || s.dropped {
+				w.mu.Unlock()
 				return false
 			}
-			s.linkSeen = time.Time{}
-			w.adoptLocked(s, nid)
-			return true
+			forget := s.inByID || s.announced
+			w.aliasLocked(s, nid)
+			if w.byID[nid] != t || t.vanished || t.dropped || t.path != tPath {
+				w.scheduleLocked(s) // the tailed name changed meanwhile: look again
+			} else {
+				w.scheduleLocked(t) // an event on this name is news for the inode
+			}
+			w.mu.Unlock()
+			if forget {
+				w.sinkGone(s) // what this path held before is gone from it
+			}
+			return false
 		}
 	}
 	w.mu.Lock()
@@ -78,6 +84,7 @@ func (w *Watcher) resolve(s *fileState, path string, nid FileID) bool {
 
 // adoptLocked gives s the identity nid.
 func (w *Watcher) adoptLocked(s *fileState, nid FileID) {
+	w.unaliasLocked(s)
 	if s.inByID && w.byID[s.id] == s {
 		delete(w.byID, s.id)
 	}
@@ -110,6 +117,7 @@ func (w *Watcher) letGoLocked(s *fileState) (dropNow bool) {
 	if s.inByID {
 		s.vanished = true
 		s.goneAt = w.afterLocked(w.opts.MoveGrace, s, kindGone)
+		w.wakeAliasesLocked(s.id)
 		return false
 	}
 	w.dropLocked(s)
@@ -119,8 +127,10 @@ func (w *Watcher) letGoLocked(s *fileState) (dropNow bool) {
 // dropLocked forgets s.
 func (w *Watcher) dropLocked(s *fileState) {
 	s.dropped, s.vanished = true, false
+	w.unaliasLocked(s)
 	if s.inByID && w.byID[s.id] == s {
 		delete(w.byID, s.id)
+		w.wakeAliasesLocked(s.id)
 	}
 	s.inByID = false
 	w.unlinkLocked(s)
@@ -160,5 +170,45 @@ func (w *Watcher) unlinkLocked(s *fileState) {
 		if len(m) == 0 {
 			delete(w.byDir, d)
 		}
+	}
+}
+
+// aliasLocked makes s a waiting second name of the inode nid (see resolve).
+func (w *Watcher) aliasLocked(s *fileState, nid FileID) {
+	if s.inByID && w.byID[s.id] == s {
+		delete(w.byID, s.id)
+	}
+	s.inByID, s.idKnown = false, false
+	s.needRun = true // rescans look again
+	if s.aliasOf == nid {
+		return
+	}
+	w.unaliasLocked(s)
+	s.aliasOf = nid
+	m := w.aliases[nid]
+	if m == nil {
+		m = map[*fileState]struct{}{}
+		w.aliases[nid] = m
+	}
+	m[s] = struct{}{}
+}
+
+func (w *Watcher) unaliasLocked(s *fileState) {
+	if s.aliasOf == (FileID{}) {
+		return
+	}
+	if m := w.aliases[s.aliasOf]; m != nil {
+		delete(m, s)
+		if len(m) == 0 {
+			delete(w.aliases, s.aliasOf)
+		}
+	}
+	s.aliasOf = FileID{}
+}
+
+// wakeAliasesLocked queues the waiting names of id: the tailed name left.
+func (w *Watcher) wakeAliasesLocked(id FileID) {
+	for a := range w.aliases[id] {
+		w.scheduleLocked(a)
 	}
 }

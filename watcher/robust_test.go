@@ -22,9 +22,15 @@ func TestLinkThenUnlinkIsMoved(t *testing.T) {
 	writeFile(t, a, joinLines(lines...))
 	h := start(t, newRecSink(), []string{root}, nil)
 	h.ready(t)
-	// The new name appears before the old one goes.
+	// The new name appears before the old one goes: while both exist, one is tailed.
 	if err := os.Link(a, b); err != nil {
 		t.Fatal(err)
+	}
+	waitFor(t, "second name waiting", func() bool { return h.w.aliasCount() == 1 })
+	appendFile(t, b, "{\"via\":\"b\"}\n")
+	waitLines(t, h.sink, a, append(lines, `{"via":"b"}`)...)
+	if len(h.sink.find("open", b)) != 0 {
+		t.Fatal("a second name of one inode was opened")
 	}
 	if err := os.Remove(a); err != nil {
 		t.Fatal(err)

@@ -168,6 +168,7 @@ func (w *Watcher) setPollingLocked(r *root, on bool) {
 	r.polling = on
 	if on {
 		r.nextPoll = time.Now().Add(w.opts.FallbackPollInterval)
+		kick(w.scanKick) // the scanner may be asleep for longer than that
 		w.log.Warn("cannot watch every directory (inotify watch limit, see fs.inotify.max_user_watches, or no event source); polling the root",
 			zap.String("root", r.path), zap.Duration("interval", w.opts.FallbackPollInterval))
 	} else {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 )
 
@@ -177,6 +178,26 @@ func TestLineReaderResumesScan(t *testing.T) {
 	// The first 100 bytes may be read twice (the line is short until it is not).
 	if read > 5001+200 {
 		t.Fatalf("read %d bytes for a 5001-byte file", read)
+	}
+}
+
+// TestLineReaderMemoryBounded reads a 32 MB line: memory stays at the buffers.
+func TestLineReaderMemoryBounded(t *testing.T) {
+	g := &growing{data: append(bytes.Repeat([]byte("m"), 32<<20), '\n')}
+	lr := newLineReader(64<<10, 512<<10)
+	var tl tail
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var got int64
+	if _, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error { got = l.Len; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if got != 32<<20 {
+		t.Fatalf("line of %d bytes", got)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 2<<20 {
+		t.Fatalf("allocated %d bytes for a 32 MB line", n)
 	}
 }
 

@@ -32,6 +32,7 @@ type Watcher struct {
 	files     map[string]*fileState
 	byDir     map[string]map[*fileState]struct{} // files by parent directory
 	byID      map[FileID]*fileState              // identities, including vanished files during MoveGrace
+	aliases   map[FileID]map[*fileState]struct{} // waiting second names of a tailed inode
 	dirs      map[string]*dirState
 	dirsByID  map[FileID]string
 	warned    map[string]bool // directories already logged as unreadable or unwatchable
@@ -63,6 +64,7 @@ func New(opts Options) (*Watcher, error) {
 		files:     map[string]*fileState{},
 		byDir:     map[string]map[*fileState]struct{}{},
 		byID:      map[FileID]*fileState{},
+		aliases:   map[FileID]map[*fileState]struct{}{},
 		dirs:      map[string]*dirState{},
 		dirsByID:  map[FileID]string{},
 		warned:    map[string]bool{},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -141,43 +142,80 @@ func TestBlobLineRoundTrip(t *testing.T) {
 	}
 }
 
-// TestStateDirLostNoDuplicates: the state directory is deleted between two runs; the
-// second run learns from the mirror what it holds and publishes nothing twice.
+// TestStateDirLostNoDuplicates: the state directory is deleted (or its checkpoint store
+// corrupted) between two runs; the second run learns from the mirror what it holds and
+// publishes nothing twice, although the 1 s duplicate window has long passed.
 func TestStateDirLostNoDuplicates(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	srv := natstest.Run(t)
+	for _, tc := range []struct {
+		name string
+		harm func(t *testing.T, state string)
+	}{
+		{"deleted", func(t *testing.T, state string) {
+			if err := os.RemoveAll(state); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"corrupt", func(t *testing.T, state string) {
+			db := filepath.Join(state, "checkpoints", "checkpoints.db")
+			if err := os.WriteFile(db, bytes.Repeat([]byte{0xAB}, 8192), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, 8))
+			srv := natstest.Run(t)
+			root, state := t.TempDir(), t.TempDir()
+			files := writeSessions(t, rng, root, 8, 40)
+
+			d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state, "--duplicate-window", "1s")
+			nc := natstest.Connect(t, srv.URL())
+			r := newReader(t, nc, "t1", "alice")
+			allMirrored(t, r, root, 30*time.Second)
+			if err := d.stop(); err != nil {
+				t.Fatal(err)
+			}
+			tc.harm(t, state)
+			for _, f := range files[:4] {
+				if err := f.Append(f.Entry(600)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(1100 * time.Millisecond) // let the 1 s duplicate window pass: it must not be what saves us
+			d = startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state, "--duplicate-window", "1s")
+			defer d.stop()
+			allMirrored(t, r, root, 30*time.Second)
+			msgs := readStream(t, nc)
+			if dups := duplicates(msgs); len(dups) > 0 {
+				t.Fatalf("duplicates: %v", dups)
+			}
+			total := 0
+			for _, f := range files {
+				total += len(f.Lines)
+			}
+			if len(msgs) != total {
+				t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
+			}
+		})
+	}
+}
+
+// TestEmbeddedServerByDefault: with no --nats the daemon starts its own JetStream server
+// on the listen address, its store under the state directory, and mirrors there.
+func TestEmbeddedServerByDefault(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
 	root, state := t.TempDir(), t.TempDir()
-	files := writeSessions(t, rng, root, 8, 40)
-	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state, "--duplicate-window", "1s")
-	nc := natstest.Connect(t, srv.URL())
+	writeSessions(t, rng, root, 3, 5)
+	listen := "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t))
+	d := startTestDaemon(t, "--nats-listen", listen, "--root", root, "--state-dir", state)
+	defer d.stop()
+	nc := natstest.Connect(t, "nats://"+listen)
 	r := newReader(t, nc, "t1", "alice")
 	allMirrored(t, r, root, 30*time.Second)
-	if err := d.stop(); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(state, "jetstream")); err != nil {
+		t.Errorf("embedded store not under the state directory: %v", err)
 	}
-	if err := os.RemoveAll(state); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files[:4] {
-		if err := f.Append(f.Entry(600)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(1100 * time.Millisecond) // let the 1 s duplicate window pass: it must not be what saves us
-	d = startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state, "--duplicate-window", "1s")
-	defer d.stop()
-	allMirrored(t, r, root, 30*time.Second)
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("duplicates after losing the state directory: %v", dups)
-	}
-	total := 0
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-	}
+	nc.Close()
 }
 
 // TestServerOutage: the server is stopped for 10 s while lines keep being appended, then

@@ -1,0 +1,116 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestPutCommitReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, rebuilt, err := Open(dir, nil)
+	if err != nil || rebuilt {
+		t.Fatalf("open: %v rebuilt=%v", err, rebuilt)
+	}
+	a := Record{Dev: 1, Ino: 10, Conversation: "c1", Offset: 100, Ordinal: 3, StreamSeq: 7, LastSHA: "x"}
+	b := Record{Dev: 1, Ino: 11, Conversation: "c2", Offset: 5}
+	s.Put(a)
+	s.Put(b)
+	if got, ok := s.Get(a.Key()); !ok || got.Offset != 100 {
+		t.Fatalf("staged record not visible: %+v %v", got, ok)
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Offset = 50
+	s.Put(b)
+	s.Delete(a.Key())
+	if err := s.Close(); err != nil { // Close commits what is staged
+		t.Fatal(err)
+	}
+	s, _, err = Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.Get(a.Key()); ok {
+		t.Error("deleted record came back")
+	}
+	if got, ok := s.Get(b.Key()); !ok || got.Offset != 50 {
+		t.Errorf("record b = %+v, %v; want offset 50", got, ok)
+	}
+	all, err := s.All()
+	if err != nil || len(all) != 1 {
+		t.Errorf("All = %d records, %v", len(all), err)
+	}
+}
+
+// TestCorruptStoreIsReplaced: a store that is not a database is moved aside and
+// replaced; the caller learns it must rebuild from the mirror.
+func TestCorruptStoreIsReplaced(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "checkpoints.db"), []byte("this is not bbolt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics()
+	reg := prometheus.NewRegistry()
+	if err := m.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	s, rebuilt, err := Open(dir, m)
+	if err != nil || !rebuilt {
+		t.Fatalf("open corrupt store: %v rebuilt=%v", err, rebuilt)
+	}
+	defer s.Close()
+	if n := testutil.ToFloat64(m.errors.WithLabelValues("corrupt")); n != 1 {
+		t.Errorf("corrupt counter = %v", n)
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, "checkpoints.db.corrupt-*"))
+	if len(aside) != 1 {
+		t.Errorf("corrupt store not kept aside: %v", aside)
+	}
+	s.Put(Record{Dev: 2, Ino: 3})
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCommitCostIndependentOfFileCount pins the O(1)-per-commit property: a commit after
+// one change writes one record, however many files the store holds.
+func TestCommitCostIndependentOfFileCount(t *testing.T) {
+	s, _, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 5000 {
+		s.Put(Record{Dev: 1, Ino: uint64(i)})
+	}
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	before := testutil.ToFloat64(s.metrics.records)
+	s.Put(Record{Dev: 1, Ino: 42, Offset: 9})
+	if err := s.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(s.metrics.records) - before; n != 1 {
+		t.Errorf("commit of one change wrote %v records", n)
+	}
+}
+
+func TestMissingDirectoryIsCreatedPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	s, _, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state directory mode %v, %v", fi.Mode().Perm(), err)
+	}
+}

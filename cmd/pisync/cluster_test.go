@@ -1,0 +1,71 @@
+package main
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/natstest"
+)
+
+// TestClusterLeaderLoss runs against a 3-node cluster with an R3 stream and kills the
+// stream leader in the middle of a back-fill, then again during live appends: nothing is
+// lost and nothing is duplicated.
+func TestClusterLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	rng := rand.New(rand.NewPCG(31, 32))
+	cl := natstest.RunCluster(t, 3)
+	root := t.TempDir()
+	files := writeSessions(t, rng, root, 30, 200)
+	d := startTestDaemon(t, "--nats", cl.URLs(), "--replicas", "3", "--root", root,
+		"--state-dir", t.TempDir(), "--ack-timeout", "2s")
+	defer d.stop()
+
+	killLeader := func(when string) {
+		t.Helper()
+		var leader *natstest.Server
+		waitFor(t, 20*time.Second, "a stream leader", func() (bool, string) {
+			leader = cl.StreamLeader(mirror.DefaultNames().Stream())
+			return leader != nil, "none yet"
+		})
+		t.Logf("killing stream leader %s %s", leader.Name(), when)
+		leader.Stop()
+		waitFor(t, 30*time.Second, "a new stream leader", func() (bool, string) {
+			return cl.StreamLeader(mirror.DefaultNames().Stream()) != nil, "none yet"
+		})
+		leader.Restart()
+	}
+
+	waitFor(t, 60*time.Second, "back-fill under way", func() (bool, string) {
+		p := d.pub.Progress().Roots[root]
+		return p != nil && p.MirroredBytes > p.Bytes/4, "not a quarter yet"
+	})
+	killLeader("during the back-fill")
+
+	for i := range 300 {
+		f := files[i%len(files)]
+		if err := f.Append(f.Entry(200 + rng.IntN(4000))); err != nil {
+			t.Fatal(err)
+		}
+		if i == 150 {
+			killLeader("during live appends")
+		}
+	}
+	nc := natstest.Connect(t, cl.URLs())
+	r := newReader(t, nc, "t1", "alice")
+	allMirrored(t, r, root, 120*time.Second)
+	msgs := readStream(t, nc)
+	if dups := duplicates(msgs); len(dups) > 0 {
+		t.Fatalf("%d duplicates, e.g. %v", len(dups), dups[:min(5, len(dups))])
+	}
+	total := 0
+	for _, f := range files {
+		total += len(f.Lines)
+	}
+	if len(msgs) != total {
+		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
+	}
+}
