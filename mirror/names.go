@@ -75,6 +75,11 @@ func NewOwner(tenant, owner string) (Owner, error) {
 	return Owner{Tenant: tenant, Name: owner, tenant: t, owner: o}, nil
 }
 
+// InboxPrefix is the reply-subject prefix of this owner's connections. NATS permissions
+// can then allow each owner only its own replies (a shared "_INBOX.>" would let any user
+// read the answers others get, message contents included).
+func (o Owner) InboxPrefix() string { return "_INBOX." + o.tenant + "." + o.owner }
+
 // KeyPrefix is the KV key prefix of this owner's heads ("<tenant>.<owner>.").
 func (o Owner) KeyPrefix() string { return o.tenant + "." + o.owner + "." }
 

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -200,7 +201,9 @@ func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
 	for k := range lister.Keys() {
 		keys = append(keys, k)
 	}
-	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	// The lister stops itself once every key is delivered; stopping it again only says
+	// so (ErrBadSubscription).
+	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) && !errors.Is(err, nats.ErrBadSubscription) {
 		return nil, fmt.Errorf("list heads: %w", err)
 	}
 	sort.Strings(keys)

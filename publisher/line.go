@@ -87,9 +87,9 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 			it.done, it.seq = true, h.seq
 			return p.enqueueResolved(st, it)
 		}
-		// The file changed under what the mirror holds while we were reading: the next
-		// open compares it again and starts a new generation.
-		return fmt.Errorf("%s line %d: differs from the mirrored line; will compare again", f.Path, l.Ordinal+1)
+		// The file changed under what the mirror holds: reopening compares the whole file
+		// with the mirror and starts a new generation.
+		return fmt.Errorf("%s line %d differs from the mirrored line: %w", f.Path, l.Ordinal+1, watcher.ErrReopen)
 	}
 
 	st.mu.Lock()
@@ -273,7 +273,7 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 	if ack.Duplicate {
 		p.m.duplicates.Inc()
 	}
-	p.m.published.WithLabelValues(string(it.kind), it.env.Type).Inc()
+	p.m.published.WithLabelValues(string(it.kind), typeLabel(it)).Inc()
 	p.m.publishedB.Add(float64(it.length + 1))
 	p.m.latency.Observe(time.Since(it.seen).Seconds())
 	p.m.lastAckUnix.SetToCurrentTime()
@@ -387,7 +387,14 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	gen, from := st.acked.Generation, st.acked.StreamSeq+1
 	st.failed = false
 	st.mu.Unlock()
-	held, err := p.heldSince(ctx, st.conv, gen, from)
+	last, err := p.reader.LastSeq(ctx, st.conv)
+	if err != nil {
+		st.mu.Lock()
+		st.failed = true
+		st.mu.Unlock()
+		return err
+	}
+	held, err := p.heldSince(ctx, st.conv, gen, from, last)
 	if err != nil {
 		st.mu.Lock()
 		st.failed = true
@@ -446,4 +453,25 @@ func readPrefix(path string, offset, n int64) ([]byte, error) {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// knownTypes are the entry types Pi writes today; any other type (Pi adds types over
+// time, and a file can say anything) is counted as "other", so that file content cannot
+// create label values without bound.
+var knownTypes = map[string]bool{
+	"message": true, "thinking_level_change": true, "model_change": true,
+	"active_tools_change": true, "compaction": true, "branch_summary": true, "custom": true,
+	"custom_message": true, "label": true, "session_info": true, "leaf": true,
+}
+
+func typeLabel(it *item) string {
+	switch {
+	case it.kind == mirror.KindHeader:
+		return "session"
+	case it.kind == mirror.KindRaw:
+		return ""
+	case knownTypes[it.env.Type]:
+		return it.env.Type
+	}
+	return "other"
 }

@@ -66,3 +66,23 @@ func (p *Publisher) Progress() Progress {
 	}
 	return out
 }
+
+// FileInfo describes one mirrored session file.
+type FileInfo struct {
+	Root, Path string
+	Key        string // conversation key in the mirror
+	Synced     bool   // every line read is acknowledged
+}
+
+// Files lists the session files being mirrored (not skipped, not deleted).
+func (p *Publisher) Files() []FileInfo {
+	var out []FileInfo
+	for _, st := range p.snapshotFiles() {
+		st.mu.Lock()
+		if !st.skipped && !st.gone {
+			out = append(out, FileInfo{Root: st.file.Root, Path: st.file.Path, Key: st.conv.Key, Synced: len(st.queue) == 0})
+		}
+		st.mu.Unlock()
+	}
+	return out
+}

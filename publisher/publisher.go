@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,6 +68,9 @@ type Publisher struct {
 	runCtx  context.Context
 	cancel  context.CancelFunc
 	closing chan struct{}
+
+	commitFailures int          // consecutive, for rate-limited logging (commitLoop only)
+	headFailures   atomic.Int64 // consecutive, for rate-limited logging
 
 	mu     sync.Mutex
 	files  map[watcher.FileID]*fileState
@@ -128,9 +132,10 @@ func setDefault[T comparable](v *T, def T) {
 // Start launches the acknowledgement and flush loops. They run until Close.
 func (p *Publisher) Start() {
 	p.runCtx, p.cancel = context.WithCancel(context.Background())
-	p.wg.Add(2)
+	p.wg.Add(3)
 	go p.collectAcks()
-	go p.flushLoop()
+	go p.commitLoop()
+	go p.headLoop()
 }
 
 // Close drains: it waits (until ctx ends) for the lines in flight to be acknowledged, then
@@ -179,23 +184,41 @@ func (p *Publisher) inFlight() int {
 	return n
 }
 
-// flushLoop commits checkpoints and heads at their intervals.
-func (p *Publisher) flushLoop() {
+// commitLoop commits checkpoints at their interval; heads have a loop of their own, so
+// that a NATS outage, which stalls head updates, never delays a checkpoint.
+func (p *Publisher) commitLoop() {
 	defer p.wg.Done()
-	ct := time.NewTicker(p.opts.CommitInterval)
-	ht := time.NewTicker(p.opts.HeadInterval)
-	defer ct.Stop()
-	defer ht.Stop()
+	t := time.NewTicker(p.opts.CommitInterval)
+	defer t.Stop()
 	for {
 		select {
 		case <-p.runCtx.Done():
 			return
-		case <-ct.C:
+		case <-t.C:
 			p.stageCheckpoints()
 			if err := p.opts.Checkpoints.Commit(); err != nil {
-				p.log.Error("checkpoint commit failed; publishing goes on and the mirror is consulted at restart", zap.Error(err))
+				p.commitFailures++
+				if p.commitFailures == 1 || p.commitFailures%100 == 0 {
+					p.log.Error("checkpoint commit failed; publishing goes on and the mirror is consulted at restart",
+						zap.Int("failures", p.commitFailures), zap.Error(err))
+				}
+			} else {
+				p.commitFailures = 0
 			}
-		case <-ht.C:
+		}
+	}
+}
+
+// headLoop writes heads at their interval.
+func (p *Publisher) headLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.opts.HeadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.runCtx.Done():
+			return
+		case <-t.C:
 			p.flushHeads(p.runCtx)
 		}
 	}
@@ -257,13 +280,19 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 			defer cancel()
 			if err := p.writer.PutHead(hctx, j.conv, j.head); err != nil {
 				p.m.headUpdates.WithLabelValues("error").Inc()
-				p.log.Warn("head update failed; retried at next flush", zap.String("conversation", j.conv.Key), zap.Error(err))
+				if n := p.headFailures.Add(1); n == 1 || n%1000 == 0 {
+					p.log.Warn("head update failed; retried at next flush", zap.Int64("failures", n),
+						zap.String("conversation", j.conv.Key), zap.Error(err))
+				}
 				j.st.mu.Lock()
 				j.st.headDirty = true
 				j.st.mu.Unlock()
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()
+			if p.headFailures.Swap(0) > 0 {
+				p.log.Info("head updates resumed")
+			}
 		}(j)
 	}
 	wg.Wait()

@@ -24,12 +24,24 @@ import (
 // mirrored line changed or vanished.
 func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
-		held, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1)
+		last, err := p.reader.LastSeq(ctx, st.conv)
 		if err != nil {
 			return err
 		}
-		st.held = held
-		return nil
+		if last >= st.acked.StreamSeq {
+			held, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
+			if err != nil {
+				return err
+			}
+			st.held = held
+			return nil
+		}
+		// The mirror holds less than the checkpoint says it acknowledged: the stream was
+		// purged or restored from an older backup. The checkpoint proves nothing then.
+		log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
+			zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Uint64("mirror_seq", last))
+		st.acked = checkpoint.Record{}
+		st.leaf.Set("")
 	}
 	gens := map[int]map[int64]heldLine{}
 	top := 0
@@ -70,18 +82,15 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence
-// from on. It answers most calls with one direct get of the subject's last message.
-func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from uint64) (map[int64]heldLine, error) {
-	last, err := p.reader.LastSeq(ctx, c)
-	if err != nil {
-		return nil, err
-	}
+// from on; last is the subject's newest sequence (one direct get), which answers most
+// calls without reading anything.
+func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (map[int64]heldLine, error) {
 	if last < from {
 		p.m.resumeQuery.WithLabelValues("last_seq").Inc()
 		return nil, nil
 	}
 	held := map[int64]heldLine{}
-	err = p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, func(m mirror.Msg) error {
+	err := p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, func(m mirror.Msg) error {
 		if m.Generation == gen {
 			if _, dup := held[m.Ordinal]; !dup {
 				held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}

@@ -44,6 +44,11 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	sum := sha256.Sum256(f.Header)
 	hdrSHA := hex.EncodeToString(sum[:])
 
+	if why == watcher.Replaced {
+		if err := p.retireReplaced(ctx, f); err != nil {
+			return watcher.Start{}, err
+		}
+	}
 	p.mu.Lock()
 	old := p.files[f.ID]
 	p.mu.Unlock()
@@ -66,6 +71,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if found && rec.HeaderSHA != hdrSHA {
 		found = false // the inode was reused by another file
 	}
+	// After a rewrite the checkpoint's frontier proves nothing about the lines before it:
+	// the whole file is compared with the mirror instead.
+	rewritten := why == watcher.Truncated || why == watcher.Replaced
 	key := hdr.ID
 	if found && rec.ConvKey != "" {
 		key = rec.ConvKey
@@ -79,7 +87,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	st := &fileState{file: f, conv: conv, header: hdr, hdrSHA: hdrSHA}
 	start := watcher.Start{}
-	if found && !rec.Deleted && f.Size >= rec.Offset {
+	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
 		ok, err := verifyLastLine(f.Path, rec)
 		if err != nil {
 			return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
@@ -130,6 +138,35 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 		zap.String("conversation", key), zap.String("key", alt))
 	p.byConv[alt] = f.ID
 	return alt
+}
+
+// retireReplaced forgets the file that used to be at f's path under another identity
+// (an atomic rename replaced it), once its lines in flight are resolved, so that its
+// conversation key passes to the new file instead of looking like a copy.
+func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
+	p.mu.Lock()
+	var old *fileState
+	for id, st := range p.files {
+		if id != f.ID && st.file.Root == f.Root && st.file.Rel == f.Rel {
+			old = st
+			break
+		}
+	}
+	p.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	if err := p.waitQueueEmpty(ctx, old); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.files, old.file.ID)
+	if p.byConv[old.conv.Key] == old.file.ID {
+		delete(p.byConv, old.conv.Key)
+	}
+	p.mu.Unlock()
+	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
+	return nil
 }
 
 func reasonLabel(why watcher.OpenReason) string {

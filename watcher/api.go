@@ -89,8 +89,14 @@ type Line struct {
 	Seen    time.Time // when the watcher first read the line's last byte
 }
 
+// ErrReopen, returned (wrapped) by Sink.Line, asks the watcher to open the file again as
+// Truncated (a rewrite) before delivering anything more: the sink found that a line no
+// longer matches what it had mirrored.
+var ErrReopen = errors.New("file changed under the sink: reopen")
+
 // Sink receives what the watcher finds. Calls for one file never overlap and come in
 // file order; calls for different files may run concurrently.
+
 type Sink interface {
 	// Open is called once the file's first line is complete (a file that is empty or
 	// whose first line is torn is held until it completes), and again on

@@ -239,6 +239,12 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 	case errors.Is(err, errShortRead):
 		w.again(s, err) // it shrank while being read: the next run says how
 		return
+	case errors.As(err, &se) && errors.Is(se.err, ErrReopen):
+		// The sink found the file no longer matches what it mirrored: open it again as a
+		// rewrite, at once.
+		s.current, s.pendingWhy = false, Truncated
+		w.again(s, se.err)
+		return
 	case errors.As(err, &se):
 		w.fail(s, reasonSinkLine, "line", se.err, true)
 		return

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pisync/pisync/mirror"
@@ -34,7 +35,7 @@ func startTestDaemon(t *testing.T, args ...string) *daemon {
 	if err := parseFlags(fs, args); err != nil {
 		t.Fatal(err)
 	}
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := zaptest.NewLogger(t, zaptest.Level(testLogLevel()))
 	d, err := startDaemon(context.Background(), &f, log)
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
@@ -247,4 +248,12 @@ func allMirrored(t testing.TB, r *mirror.Reader, root string, timeout time.Durat
 		}
 		return true, ""
 	})
+}
+
+// testLogLevel is warn, or debug with PISYNC_TEST_DEBUG=1.
+func testLogLevel() zapcore.Level {
+	if os.Getenv("PISYNC_TEST_DEBUG") != "" {
+		return zap.DebugLevel
+	}
+	return zap.WarnLevel
 }

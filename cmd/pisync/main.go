@@ -60,6 +60,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		err = RunCommand(ctx, args[1:], stdout, stderr)
+	case "recover":
+		err = RecoverCommand(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = StatusCommand(ctx, args[1:], stdout, stderr)
+	case "verify":
+		err = VerifyCommand(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "pisync", version)
 		return exitOK
@@ -96,6 +102,10 @@ const usage = `pisync mirrors Pi agent session files into NATS JetStream.
 Usage:
   pisync run [--root DIR]... [--state-dir DIR] [--nats URL] [--nats-listen HOST:PORT]
              [--http-addr HOST:PORT] [--tenant T] [--owner O]
+  pisync recover (--conversation ID... | --all) [--out DIR] [--generation N] [--dry-run]
+                 [--force] [--drop-raw] [--json] [--parallel N]
+  pisync status [--root DIR]... [--host NAME] [--json]
+  pisync verify [--root DIR]... [--host NAME] [--json]
   pisync version
 
 Every flag also reads a PISYNC_* environment variable (--state-dir: PISYNC_STATE_DIR).

@@ -8,17 +8,18 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/publisher"
+	"github.com/pisync/pisync/recovery"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -39,6 +40,9 @@ type runFlags struct {
 	ackTimeout     time.Duration
 	rescanInterval time.Duration
 	drainTimeout   time.Duration
+	provision      string
+	verifyInterval time.Duration
+	verifyRate     float64
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -58,6 +62,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.windowBytes, "window-bytes", 32<<20, "bytes in flight at most")
 	fs.DurationVar(&f.ackTimeout, "ack-timeout", 10*time.Second, "time to wait for a publish acknowledgement before retrying")
 	fs.DurationVar(&f.rescanInterval, "rescan-interval", time.Minute, "periodic safety rescan of the roots (stat only; 0: off)")
+	fs.StringVar(&f.provision, "provision", string(mirror.ProvisionCreate), "stream and buckets: create (what is missing), update (to these flags) or off (must exist)")
+	fs.DurationVar(&f.verifyInterval, "verify-interval", 10*time.Minute, "background verification of local files against the mirror, one pass per interval (0: off)")
+	fs.Float64Var(&f.verifyRate, "verify-rate", 20, "background verification: files per second at most")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 15*time.Second, "at shutdown, how long to wait for publishes in flight")
 }
 
@@ -97,9 +104,10 @@ type daemon struct {
 	watch    *watcher.Watcher
 	http     *httpServer
 
-	watchCancel context.CancelFunc
-	watchDone   chan error
-	readyOnce   sync.Once
+	watchCancel  context.CancelFunc
+	watchDone    chan error
+	verifyCancel context.CancelFunc
+	verifyDone   chan struct{}
 }
 
 func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
@@ -126,14 +134,16 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		}
 	}
 	nm := newNATSMetrics(d.reg)
-	if d.nc, err = connect(ctx, f.conn.url(), "pisync run "+f.host, 0, log, nm); err != nil {
+	if d.nc, err = connect(ctx, f.conn.url(), "pisync run "+f.host, 0, log, nm,
+		nats.CustomInboxPrefix(owner.InboxPrefix())); err != nil {
 		return nil, err
 	}
 	js, err := publisher.NewJetStream(d.nc, f.ackTimeout, f.window)
 	if err != nil {
 		return nil, err
 	}
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+	if err := mirror.Provision(ctx, js, names, mirror.Config{Mode: mirror.ProvisionMode(f.provision),
+		Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
 		return nil, err
 	}
 	cm := checkpoint.NewMetrics()
@@ -175,6 +185,9 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	wctx, wcancel := context.WithCancel(context.Background())
 	d.watchCancel, d.watchDone = wcancel, make(chan error, 1)
 	go func() { d.watchDone <- d.watch.Run(wctx) }()
+	if err := d.startVerifier(js, names, owner); err != nil {
+		return nil, err
+	}
 	if f.httpAddr != "" {
 		if d.http, err = startHTTP(f.httpAddr, d); err != nil {
 			return nil, err
@@ -190,6 +203,60 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		}
 	}()
 	return d, nil
+}
+
+// startVerifier runs background verification of the mirrored files.
+func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner mirror.Owner) error {
+	vm := recovery.NewVerifyMetrics()
+	if err := vm.Register(d.reg); err != nil {
+		return err
+	}
+	var roots []string
+	for _, r := range d.f.roots.get() {
+		if abs, err := filepath.Abs(r); err == nil {
+			roots = append(roots, filepath.Clean(abs))
+		}
+	}
+	vm.Init(roots)
+	ctx, cancel := context.WithCancel(context.Background())
+	r, err := mirror.NewReader(ctx, js, names, owner)
+	if err != nil {
+		cancel()
+		return err
+	}
+	bg := &recovery.Background{
+		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
+		Logger: d.log.Named("verify"), Metrics: vm,
+		List: func() []recovery.Target {
+			// Wait for the first scan: before it, most files would look unmirrored.
+			select {
+			case <-d.watch.Ready():
+			case <-ctx.Done():
+				return nil
+			}
+			var ts []recovery.Target
+			for _, f := range d.pub.Files() {
+				if f.Synced {
+					ts = append(ts, recovery.Target{Root: f.Root, Path: f.Path, Key: f.Key})
+				}
+			}
+			return ts
+		},
+	}
+	d.verifyCancel, d.verifyDone = cancel, make(chan struct{})
+	go func() {
+		defer close(d.verifyDone)
+		bg.Run(ctx)
+	}()
+	return nil
+}
+
+func (d *daemon) stopVerifier() {
+	if d.verifyCancel != nil {
+		d.verifyCancel()
+		<-d.verifyDone
+		d.verifyCancel = nil
+	}
 }
 
 // ready reports whether NATS is reachable and the first scan is done.
@@ -212,6 +279,7 @@ func (d *daemon) stop() error {
 	if d.http != nil {
 		errs = append(errs, d.http.stop())
 	}
+	d.stopVerifier()
 	d.watchCancel()
 	if err := <-d.watchDone; err != nil && !errors.Is(err, context.Canceled) {
 		errs = append(errs, err)
@@ -230,6 +298,7 @@ func (d *daemon) abort() {
 	if d.http != nil {
 		_ = d.http.stop()
 	}
+	d.stopVerifier()
 	if d.watchCancel != nil {
 		d.watchCancel()
 		<-d.watchDone

@@ -74,7 +74,7 @@ func newNATSMetrics(reg prometheus.Registerer) *natsMetrics {
 
 // connect dials NATS, retrying with backoff until ctx ends or timeout passes (timeout 0:
 // until ctx ends). Once connected, the client reconnects forever by itself.
-func connect(ctx context.Context, url, name string, timeout time.Duration, log *zap.Logger, m *natsMetrics) (*nats.Conn, error) {
+func connect(ctx context.Context, url, name string, timeout time.Duration, log *zap.Logger, m *natsMetrics, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
@@ -86,7 +86,9 @@ func connect(ctx context.Context, url, name string, timeout time.Duration, log *
 				m.connected.Set(0)
 				m.disconnect.Inc()
 			}
-			log.Warn("disconnected from NATS", zap.Error(err))
+			if err != nil { // nil: our own Close, no news
+				log.Warn("disconnected from NATS", zap.Error(err))
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			if m != nil {
@@ -99,6 +101,7 @@ func connect(ctx context.Context, url, name string, timeout time.Duration, log *
 			log.Warn("NATS error", zap.Error(err))
 		}),
 	}
+	opts = append(opts, extra...)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 200 * time.Millisecond
 	bo.MaxInterval = 10 * time.Second

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pisync/pisync/natstest"
+	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/session/sessiontest"
+)
+
+// treeOf maps each session file under root (relative path) to its content.
+func treeOf(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, p := range sessionFiles(t, root) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, p)
+		out[rel] = string(b)
+	}
+	return out
+}
+
+func sameTree(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	for rel, w := range want {
+		g, ok := got[rel]
+		switch {
+		case !ok:
+			t.Errorf("%s: not recovered", rel)
+		case g != w:
+			t.Errorf("%s: recovered file differs (%d bytes, want %d)", rel, len(g), len(w))
+		}
+	}
+	for rel := range got {
+		if _, ok := want[rel]; !ok {
+			t.Errorf("%s: recovered, but was not there", rel)
+		}
+	}
+}
+
+// TestRecoverAllIntoDeletedTree is the restore of a lost session volume: mirror a tree
+// with the daemon, delete it, `recover --all` into it, and get every file back byte for
+// byte (blobs, raw lines, v1 files and header-only files included); then again with
+// --out in Pi's layout and --json; then refusals on a tree that changed since.
+func TestRecoverAllIntoDeletedTree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	srv := natstest.Run(t)
+	root := filepath.Join(t.TempDir(), "sessions")
+	files := writeSessions(t, rng, root, 12, 15)
+	if err := files[0].Append([]byte(""), []byte(`{"type":"message","id":"trunc`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := files[1].Append(files[1].ImageEntry(600 << 10)); err != nil { // a blob
+		t.Fatal(err)
+	}
+	headerOnly := sessiontest.New(rng, root, "/srv/empty", sessiontest.HarnessV3)
+	if err := headerOnly.Append(headerOnly.HeaderLine("/srv/empty")); err != nil {
+		t.Fatal(err)
+	}
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	nc := natstest.Connect(t, srv.URL())
+	allMirrored(t, newReader(t, nc, "t1", "alice"), root, 60*time.Second)
+	if err := d.stop(); err != nil { // flushes the heads
+		t.Fatal(err)
+	}
+	want := treeOf(t, root)
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
+
+	var stdout, stderr bytes.Buffer
+	if err := RecoverCommand(ctx, append(conn, "--all"), &stdout, &stderr); err != nil {
+		t.Fatalf("recover --all: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	sameTree(t, treeOf(t, root), want)
+	n := len(want)
+	if !strings.Contains(stdout.String(), fmt.Sprintf("%d conversations: %d written", n, n)) {
+		t.Errorf("summary:\n%s", stdout.String())
+	}
+
+	out := t.TempDir()
+	stdout.Reset()
+	if err := RecoverCommand(ctx, append(conn, "--all", "--out", out, "--json"), &stdout, &stderr); err != nil {
+		t.Fatalf("recover --all --out --json: %v\n%s", err, stderr.String())
+	}
+	var doc struct {
+		Conversations []recovery.Report `json:"conversations"`
+		Summary       recovery.Summary  `json:"summary"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, stdout.String())
+	}
+	if doc.Summary.Written != len(want) || len(doc.Conversations) != len(want) {
+		t.Errorf("json summary %+v", doc.Summary)
+	}
+	for _, r := range doc.Conversations {
+		if !r.Complete || len(r.Placeholders) != 0 || r.HeadCheck != "ok" {
+			t.Errorf("%s: complete %v, placeholders %v, head check %q", r.Key, r.Complete, r.Placeholders, r.HeadCheck)
+		}
+	}
+	sameTree(t, treeOf(t, out), want) // the daemon's files are in Pi's layout already
+
+	// The tree changed since: one file has a line the mirror lacks, one is an older copy.
+	extra := filepath.Join(root, filepath.FromSlash(relOf(t, root, files[2].Path)))
+	if err := sessiontest.AppendBytes(extra, append(files[2].Entry(300), '\n')); err != nil {
+		t.Fatal(err)
+	}
+	older := files[3].Path
+	if err := os.WriteFile(older, files[3].Content()[:len(files[3].Lines[0])+1], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := treeOf(t, root)
+	stdout.Reset()
+	err := RecoverCommand(ctx, append(conn, "--all"), &stdout, &stderr)
+	if !errors.Is(err, errSilent) {
+		t.Fatalf("recover over a changed tree: %v, want a failure reported in the output\n%s", err, stdout.String())
+	}
+	text := stdout.String()
+	for _, w := range []string{"holds what the mirror lacks: line 17", "exists and differs from the rebuilt file; --force overwrites it",
+		fmt.Sprintf("%d conversations: 0 written, %d unchanged, 0 dry-run, 2 refused", n, n-2)} {
+		if !strings.Contains(text, w) {
+			t.Errorf("output lacks %q:\n%s", w, text)
+		}
+	}
+	sameTree(t, treeOf(t, root), before)
+}
+
+func relOf(t *testing.T, root, path string) string {
+	rel, err := filepath.Rel(root, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.ToSlash(rel)
+}
+
+// TestRecoverUsage: command lines that cannot work are usage errors (exit code 2), found
+// before anything connects.
+func TestRecoverUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--all", "--conversation", "x"},
+		{"--all", "--generation", "-1"},
+		{"--all", "--parallel", "0"},
+		{"--all", "stray"},
+		{"--no-such-flag"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := RecoverCommand(context.Background(), args, &stdout, &stderr)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+		if code := exitCode(err, &stderr); code != exitUsage {
+			t.Errorf("%q: exit code %d", args, code)
+		}
+	}
+}

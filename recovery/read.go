@@ -1,0 +1,152 @@
+package recovery
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+)
+
+// Mirror is what recovery reads from the mirror; *mirror.Reader implements it, scoped to
+// the caller's tenant and owner, so that a conversation of anyone else is "not found".
+// Every method fails with an error wrapping mirror.ErrNotFound for what the owner lacks.
+type Mirror interface {
+	Conv(key string) (mirror.Conv, error)
+	Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanOptions, fn func(mirror.Msg) error) error
+	Head(ctx context.Context, c mirror.Conv) (mirror.Head, uint64, error)
+	Heads(ctx context.Context) ([]mirror.Head, error)
+	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
+}
+
+var _ Mirror = (*mirror.Reader)(nil)
+
+// maxInlineBlob bounds the blobs recovery reads into memory: only a blob header line and
+// a blob leaf record are, to learn the header's fields or the leaf's target. Every other
+// blob is streamed. The publisher reads lines up to this size whole as well.
+const maxInlineBlob = 16 << 20
+
+// generation is one generation of a conversation as read from the mirror.
+type generation struct {
+	number  int
+	numbers []int           // every generation present, ascending
+	lines   []Line          // the chosen generation's lines, in stream order
+	digests map[string]bool // digests of every line of every generation
+}
+
+// readGeneration reads generation gen of conversation c (0: the newest). It keeps only
+// the messages of the newest generation seen so far when gen is 0, so memory follows
+// one generation, and it records the digest of every line of every generation: a local
+// file is "held by the mirror" if its lines are anywhere in it.
+//
+// It reads through Scan rather than mirror.Reader.ReadGeneration so that a repeated
+// ordinal with other bytes is reported instead of silently dropped.
+func readGeneration(ctx context.Context, m Mirror, c mirror.Conv, gen int) (generation, error) {
+	g := generation{number: gen, digests: map[string]bool{}}
+	seen := map[int]bool{}
+	err := m.Scan(ctx, c, mirror.ScanOptions{}, func(msg mirror.Msg) error {
+		seen[msg.Generation] = true
+		g.digests[msg.SHA256] = true
+		switch {
+		case gen != 0 && msg.Generation != gen:
+			return nil
+		case gen == 0 && msg.Generation < g.number:
+			return nil
+		case gen == 0 && msg.Generation > g.number:
+			g.number, g.lines = msg.Generation, g.lines[:0]
+		}
+		g.lines = append(g.lines, LineFromMsg(msg))
+		return nil
+	})
+	if err != nil {
+		return generation{}, err
+	}
+	if len(seen) == 0 {
+		return generation{}, fmt.Errorf("conversation %s: %w", c.Key, mirror.ErrNotFound)
+	}
+	for n := range seen {
+		g.numbers = append(g.numbers, n)
+	}
+	sort.Ints(g.numbers)
+	if len(g.lines) == 0 {
+		return generation{}, fmt.Errorf("conversation %s generation %d (the mirror has %v): %w", c.Key, gen, g.numbers, mirror.ErrNotFound)
+	}
+	return g, nil
+}
+
+// inlineBlobs fetches the few blobs whose content the rebuild needs: a header stored as a
+// blob (for the cwd and timestamp of the output path) and a leaf record stored as a blob
+// (for its target). Their digests are checked here.
+func inlineBlobs(ctx context.Context, m Mirror, lines []Line) error {
+	for i := range lines {
+		l := &lines[i]
+		if l.Kind != mirror.KindBlob || l.Data != nil || l.BlobSize > maxInlineBlob {
+			continue
+		}
+		if l.Ordinal != 0 && !(l.HasEnv && l.Env.Type == "leaf") {
+			continue
+		}
+		data, err := fetchBlob(ctx, m, l.SHA256, l.BlobSize)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", l.Ordinal+1, err)
+		}
+		l.Data = data
+		if l.Ordinal != 0 {
+			if env, err := session.ScanEntry(data); err == nil {
+				l.Env = env
+			}
+		}
+	}
+	return nil
+}
+
+// fetchBlob reads a whole blob (bounded by its recorded size) and checks its digest.
+func fetchBlob(ctx context.Context, m Mirror, sha string, size int64) ([]byte, error) {
+	rc, err := m.Blob(ctx, sha)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, size+1))
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", sha, err)
+	}
+	if err := checkBlob(sha, size, int64(len(data)), sha256.Sum256(data)); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+func checkBlob(sha string, want, got int64, sum [32]byte) error {
+	if got != want {
+		return fmt.Errorf("%w: blob %s holds %d bytes, the mirror recorded %d", ErrDigest, sha, got, want)
+	}
+	if hex.EncodeToString(sum[:]) != sha {
+		return fmt.Errorf("%w: blob %s hashes to %s", ErrDigest, sha, hex.EncodeToString(sum[:]))
+	}
+	return nil
+}
+
+// headOf returns the conversation's head, nil when the bucket has none.
+func headOf(ctx context.Context, m Mirror, c mirror.Conv) (*mirror.Head, error) {
+	h, _, err := m.Head(ctx, c)
+	if errors.Is(err, mirror.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// NewMirror binds the read API of the mirror for owner o.
+func NewMirror(ctx context.Context, js jetstream.JetStream, n mirror.Names, o mirror.Owner) (Mirror, error) {
+	return mirror.NewReader(ctx, js, n, o)
+}

@@ -1,0 +1,217 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"sync"
+
+	"github.com/pisync/pisync/mirror"
+)
+
+// Options select and shape a recovery.
+type Options struct {
+	Out        string // rebuild under this directory in Pi's layout; "" = the recorded root and path
+	Generation int    // generation to rebuild; 0 = the newest
+	DryRun     bool   // check everything, write nothing
+	Force      bool   // overwrite a differing file, accept a head mismatch
+	DropRaw    bool   // leave raw lines out, so that Pi's harness reader accepts the file
+	Parallel   int    // conversations recovered at once; 0 = 4
+	// OnDone, if set, is called once per conversation as it finishes (serialized).
+	OnDone func(Report)
+}
+
+// Recoverer rebuilds conversations from a mirror into files.
+type Recoverer struct {
+	m    Mirror
+	opts Options
+
+	mu      sync.Mutex
+	claimed map[string]string // output path → key that claimed it in this run
+}
+
+// New returns a Recoverer reading from m.
+func New(m Mirror, opts Options) *Recoverer {
+	if opts.Parallel <= 0 {
+		opts.Parallel = 4
+	}
+	return &Recoverer{m: m, opts: opts, claimed: map[string]string{}}
+}
+
+// Keys resolves a selection into conversation keys: with all, every conversation of the
+// owner; otherwise each id, plus the keys its copies were mirrored under after a clash
+// (two local files with one id). The result is sorted and without repeats.
+func Keys(ctx context.Context, m Mirror, ids []string, all bool) ([]string, error) {
+	heads, err := m.Heads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	for _, id := range ids {
+		set[id] = true
+	}
+	for _, h := range heads {
+		key := h.Key
+		if key == "" {
+			key = h.Conversation
+		}
+		if all || set[h.Conversation] {
+			set[key] = true
+		}
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// Run recovers each key, Options.Parallel at a time, and returns the reports in the
+// order of keys.
+func (r *Recoverer) Run(ctx context.Context, keys []string) []Report {
+	reports := make([]Report, len(keys))
+	var next int
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range min(r.opts.Parallel, len(keys)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(keys) {
+					return
+				}
+				reports[i] = r.One(ctx, keys[i])
+				if r.opts.OnDone != nil {
+					mu.Lock()
+					r.opts.OnDone(reports[i])
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return reports
+}
+
+// One recovers one conversation; every outcome, failures included, is in the report.
+func (r *Recoverer) One(ctx context.Context, key string) Report {
+	rep := Report{Key: key, Conversation: key, Generation: r.opts.Generation}
+	fail := func(res Result, err error) Report {
+		rep.Result, rep.Reason = res, err.Error()
+		return rep
+	}
+	c, err := r.m.Conv(key)
+	if err != nil {
+		return fail(Failed, fmt.Errorf("%w: %v", mirror.ErrNotFound, err))
+	}
+	g, err := readGeneration(ctx, r.m, c, r.opts.Generation)
+	if err != nil {
+		return fail(Failed, err)
+	}
+	head, err := headOf(ctx, r.m, c)
+	if err != nil {
+		return fail(Failed, err)
+	}
+	if err := inlineBlobs(ctx, r.m, g.lines); err != nil {
+		return fail(resultOf(err), err)
+	}
+	plan, err := Rebuild(Input{Key: key, Generation: g.number, Generations: g.numbers, Lines: g.lines, Head: head, DropRaw: r.opts.DropRaw})
+	if err != nil {
+		return fail(resultOf(err), err)
+	}
+	rep = plan.Report
+	if plan.HeadMismatch {
+		if !r.opts.Force {
+			return fail(Refused, fmt.Errorf("head %s; --force writes it anyway", rep.HeadCheck))
+		}
+		rep.Forced = true
+	}
+	t, err := targetFor(plan, r.opts.Out)
+	if err != nil {
+		return fail(Refused, err)
+	}
+	rep.Output = t.path()
+	if other := r.claim(rep.Output, key); other != "" {
+		return fail(Refused, fmt.Errorf("conversation %s of this run is rebuilt at the same path", other))
+	}
+	for _, l := range plan.Lines {
+		if l.Ordinal < 0 {
+			g.digests[l.SHA256] = true // lines recovery makes: a previous recovery wrote them
+		}
+	}
+	res, forced, err := r.place(ctx, t, plan, g.digests)
+	rep.Forced = rep.Forced || forced
+	if err != nil {
+		return fail(res, err)
+	}
+	rep.Result = res
+	return rep
+}
+
+// place checks the target and writes the file unless a check or --dry-run says not to.
+func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held map[string]bool) (res Result, forced bool, err error) {
+	ex, err := r.inspectTarget(t, plan, held)
+	if err != nil {
+		return Failed, false, err
+	}
+	switch {
+	case ex.nLacking > 0:
+		return Refused, false, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
+	case ex.identical:
+		return Unchanged, false, nil
+	case ex.exists && !r.opts.Force:
+		return Refused, false, fmt.Errorf("%s exists and differs from the rebuilt file; --force overwrites it", t.path())
+	}
+	if r.opts.DryRun {
+		// Stream the blobs through their digests anyway: a dry run says whether the
+		// real one would succeed.
+		if err := render(ctx, io.Discard, r.m, plan); err != nil {
+			return resultOf(err), ex.exists, err
+		}
+		return DryRun, ex.exists, nil
+	}
+	if err := writeAtomic(ctx, r.m, t, plan); err != nil {
+		return resultOf(err), ex.exists, err
+	}
+	return Written, ex.exists, nil
+}
+
+func (r *Recoverer) inspectTarget(t target, plan *Plan, held map[string]bool) (existing, error) {
+	root, err := os.OpenRoot(t.root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return existing{}, nil
+	}
+	if err != nil {
+		return existing{}, fmt.Errorf("open %s: %w", t.root, err)
+	}
+	defer root.Close()
+	return inspect(root, t.rel, plan, held)
+}
+
+func (r *Recoverer) claim(path, key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if other, ok := r.claimed[path]; ok && other != key {
+		return other
+	}
+	r.claimed[path] = key
+	return ""
+}
+
+// resultOf classifies an error: a check that failed refuses, anything else fails.
+func resultOf(err error) Result {
+	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) {
+		return Refused
+	}
+	return Failed
+}

@@ -1,0 +1,238 @@
+package recovery
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pisync/pisync/mirror"
+)
+
+// TestRecoverRefusals: each check that fails refuses the conversation with a message
+// that says what and why, and leaves the file system exactly as it was.
+func TestRecoverRefusals(t *testing.T) {
+	goldenInput := func(name string) string { return filepath.Join("testdata", "golden", name, "input.jsonl") }
+	type setup struct {
+		lines [][]byte
+		m     mirrored
+		head  mirror.Head
+		root  string // the recorded root
+		local string // the recorded file's path
+	}
+	cases := []struct {
+		name    string
+		input   string
+		blobs   int
+		opts    Options
+		prepare func(t *testing.T, s *setup) // edit what is mirrored and what is on disk
+		want    []string                     // substrings of the reason
+	}{
+		{name: "existing file", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { writeFile(t, s.local, joinLines(s.lines[:4])) },
+			want:    []string{"exists and differs", "--force overwrites it"}},
+		{name: "local file holds lines the mirror lacks", input: "missing_middle", opts: Options{Force: true},
+			prepare: func(t *testing.T, s *setup) {
+				extra := []byte(`{"type":"message","id":"e0000008","parentId":"e0000007","timestamp":"2026-11-01T09:00:08.000Z","message":{"role":"user","content":[]}}`)
+				writeFile(t, s.local, joinLines(append(append([][]byte{}, s.lines...), extra)))
+			},
+			want: []string{"holds what the mirror lacks", "line 9 (entry e0000008)", "--force does not override"}},
+		{name: "local file with a torn tail", input: "missing_middle", opts: Options{Force: true},
+			prepare: func(t *testing.T, s *setup) {
+				writeFile(t, s.local, append(joinLines(s.lines), `{"type":"mess`...))
+			},
+			want: []string{"holds what the mirror lacks", "a torn last line of 13 bytes"}},
+		{name: "head mismatch", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.head.Head = "e0000003" },
+			want:    []string{`head mismatch`, `"e0000007"`, `"e0000003"`, "--force writes it anyway"}},
+		{name: "digest mismatch", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.m.msgs[5].SHA256 = digest([]byte("something else")) },
+			want:    []string{"digest mismatch", "line 6 (ordinal 5)"}},
+		{name: "blob digest mismatch", input: "blob", blobs: 400,
+			prepare: func(t *testing.T, s *setup) {
+				for sha, b := range s.m.blobs {
+					s.m.blobs[sha] = bytes.Replace(b, []byte("x"), []byte("y"), 1)
+					break
+				}
+			},
+			want: []string{"digest mismatch", "blob"}},
+		{name: "source path leaving the root", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.head.Source = "../../elsewhere/x.jsonl" },
+			want:    []string{"unsafe output path", "leaves the root"}},
+		{name: "absolute source path", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.head.Source = "/etc/x.jsonl" },
+			want:    []string{"unsafe output path"}},
+		{name: "relative root", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.head.Root = "sessions" },
+			want:    []string{"unsafe output path", "not absolute", "--out"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tm := newTestMirror(t)
+			base := t.TempDir()
+			s := &setup{lines: readLines(t, goldenInput(tc.input)), root: filepath.Join(base, "sessions")}
+			s.m = mirrorFile(t, s.lines, 1, tc.blobs)
+			s.head = daemonHead(s.lines, s.m, 1)
+			s.head.Root = s.root
+			s.local = filepath.Join(s.root, filepath.FromSlash(s.head.Source))
+			tc.prepare(t, s)
+			tm.publish(t, s.m, s.m.msgs, &s.head)
+			before := snapshot(t, base)
+
+			rep := New(tm.r, tc.opts).One(testCtx(t), s.m.conv)
+			if rep.Result != Refused {
+				t.Fatalf("result %s (%s), want refused", rep.Result, rep.Reason)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(rep.Reason, w) {
+					t.Errorf("reason %q lacks %q", rep.Reason, w)
+				}
+			}
+			if after := snapshot(t, base); !sameSnapshot(before, after) {
+				t.Errorf("the file system changed:\nbefore %v\nafter  %v", keys(before), keys(after))
+			}
+		})
+	}
+}
+
+func keys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecoverOutcomes covers the outcomes that are not refusals: forced overwrite,
+// unchanged, dry run, not found, and the modes of what is written.
+func TestRecoverOutcomes(t *testing.T) {
+	tm := newTestMirror(t)
+	root := filepath.Join(t.TempDir(), "new", "sessions")
+	lines, m, head := tm.mirrorInput(t, filepath.Join("testdata", "golden", "complete", "input.jsonl"), 1, 0, root)
+	ctx := testCtx(t)
+	path := filepath.Join(root, filepath.FromSlash(head.Source))
+
+	rep := New(tm.r, Options{DryRun: true}).One(ctx, m.conv)
+	if rep.Result != DryRun || rep.Output != path {
+		t.Fatalf("dry run: %s %s: %s", rep.Result, rep.Output, rep.Reason)
+	}
+	if _, err := os.Stat(filepath.Dir(root)); !os.IsNotExist(err) {
+		t.Fatalf("the dry run created %s", filepath.Dir(root))
+	}
+
+	rep = New(tm.r, Options{}).One(ctx, m.conv)
+	if rep.Result != Written {
+		t.Fatalf("%s: %s", rep.Result, rep.Reason)
+	}
+	for p, want := range map[string]os.FileMode{path: 0o600, filepath.Dir(path): 0o700, root: 0o700, filepath.Dir(root): 0o700} {
+		info, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.Mode().Perm(); got&^want != 0 {
+			t.Errorf("%s: mode %v, want at most %v", p, got, want)
+		}
+	}
+
+	rep = New(tm.r, Options{}).One(ctx, m.conv)
+	if rep.Result != Unchanged {
+		t.Fatalf("second run: %s: %s", rep.Result, rep.Reason)
+	}
+
+	writeFile(t, path, joinLines(lines[:3])) // an older, shorter copy: every line is mirrored
+	rep = New(tm.r, Options{Force: true}).One(ctx, m.conv)
+	if rep.Result != Written || !rep.Forced {
+		t.Fatalf("forced: %s (forced %v): %s", rep.Result, rep.Forced, rep.Reason)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, joinLines(lines)) {
+		t.Fatal("forced overwrite: not the mirrored file")
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+
+	for _, key := range []string{"no-such-conversation"} {
+		rep := New(tm.r, Options{}).One(ctx, key)
+		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
+			t.Errorf("%s: %s %s", key, rep.Result, rep.Reason)
+		}
+	}
+}
+
+// TestRecoverIsolation: a conversation of another owner is "not found", never listed.
+func TestRecoverIsolation(t *testing.T) {
+	alice := newTestMirror(t)
+	lines := readLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
+	m := mirrorFile(t, lines, 1, 0)
+	head := daemonHead(lines, m, 1)
+	alice.publish(t, m, m.msgs, &head)
+
+	url := alice.js.Conn().ConnectedUrl()
+	for _, other := range [][2]string{{"t1", "bob"}, {"t2", "alice"}} {
+		tm := mirrorFor(t, url, other[0], other[1])
+		rep := New(tm.r, Options{Out: t.TempDir()}).One(testCtx(t), m.conv)
+		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
+			t.Errorf("%v: %s %s", other, rep.Result, rep.Reason)
+		}
+		keys, err := Keys(testCtx(t), tm.r, nil, true)
+		if err != nil || len(keys) != 0 {
+			t.Errorf("%v sees %v (%v)", other, keys, err)
+		}
+	}
+	keys, err := Keys(testCtx(t), alice.r, nil, true)
+	if err != nil || len(keys) != 1 || keys[0] != m.conv {
+		t.Errorf("alice sees %v (%v)", keys, err)
+	}
+}
+
+// TestRecoverOutConfinement: with --out, an id that would name a path outside the output
+// directory refuses, and a symbolic link in the tree cannot lead a write out of it.
+func TestRecoverOutConfinement(t *testing.T) {
+	tm := newTestMirror(t)
+	lines := readLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
+	lines[0] = bytes.Replace(lines[0], []byte(`"id":"0192f0a4-5e1c-7a3b-9c2d-000000000003"`), []byte(`"id":"x/../../../escape"`), 1)
+	m := mirrorFile(t, lines, 1, 0)
+	head := daemonHead(lines, m, 1)
+	tm.publish(t, m, m.msgs, &head)
+	base := t.TempDir()
+	out := filepath.Join(base, "out")
+	rep := New(tm.r, Options{Out: out}).One(testCtx(t), m.conv)
+	if rep.Result != Refused || !strings.Contains(rep.Reason, "unsafe output path") {
+		t.Fatalf("%s: %s", rep.Result, rep.Reason)
+	}
+
+	// A symbolic link where the session directory goes, pointing outside.
+	lines2 := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
+	m2 := mirrorFile(t, lines2, 1, 0)
+	head2 := daemonHead(lines2, m2, 1)
+	tm.publish(t, m2, m2.msgs, &head2)
+	outside := filepath.Join(base, "outside")
+	if err := os.MkdirAll(outside, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(out, "--home-dev-alpha--")); err != nil {
+		t.Fatal(err)
+	}
+	rep = New(tm.r, Options{Out: out}).One(testCtx(t), m2.conv)
+	if rep.Result.OK() {
+		t.Fatalf("written through a symbolic link leading out: %s", rep.Output)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("files written outside the output directory: %v", entries)
+	}
+}

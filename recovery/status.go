@@ -1,0 +1,163 @@
+package recovery
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/pisync/pisync/mirror"
+)
+
+// State is how far one local session is mirrored.
+type State string
+
+// The states of `pisync status`.
+const (
+	StateSynced      State = "synced"        // every complete line is mirrored, no torn tail
+	StatePending     State = "pending"       // complete lines wait to be mirrored
+	StateTorn        State = "torn"          // mirrored up to a torn last line, held back
+	StateError       State = "error"         // unreadable, or the mirror holds more than the file
+	StateMissing     State = "local-missing" // mirrored from this host, the local file is gone
+	StateNotMirrored State = "not-mirrored"  // the mirror does not know the file
+)
+
+// States lists every state in display order.
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored}
+
+// SessionStatus is the line of one session in `pisync status`.
+type SessionStatus struct {
+	Path          string  `json:"path"`
+	Conversation  string  `json:"conversation,omitempty"`
+	Key           string  `json:"key,omitempty"`
+	State         State   `json:"state"`
+	Detail        string  `json:"detail,omitempty"`
+	LocalBytes    int64   `json:"local_bytes"`
+	MirroredBytes int64   `json:"mirrored_bytes"`
+	Percent       float64 `json:"percent"`
+	TornBytes     int64   `json:"torn_bytes,omitempty"`
+	Generation    int     `json:"generation,omitempty"`
+	// LagSeconds: for a pending or torn session, how long the mirror of it has not
+	// advanced; for one not mirrored, how long since the file was last written. 0 when
+	// synced.
+	LagSeconds float64   `json:"lag_seconds"`
+	MirroredAt time.Time `json:"mirrored_at,omitzero"` // the head's last update
+	Host       string    `json:"host,omitempty"`       // host recorded in the head
+}
+
+// Totals sum the sessions of the host.
+type Totals struct {
+	Sessions      int           `json:"sessions"`
+	States        map[State]int `json:"states"`
+	LocalBytes    int64         `json:"local_bytes"`
+	MirroredBytes int64         `json:"mirrored_bytes"`
+	Percent       float64       `json:"percent"`
+	MaxLagSeconds float64       `json:"max_lag_seconds"`
+}
+
+// MirrorTotals sum the heads of the caller's tenant and owner, over every host.
+type MirrorTotals struct {
+	Tenant        string    `json:"tenant"`
+	Owner         string    `json:"owner"`
+	Conversations int       `json:"conversations"`
+	Hosts         int       `json:"hosts"`
+	Entries       int64     `json:"entries"`
+	Bytes         int64     `json:"bytes"`
+	LocalDeleted  int       `json:"local_deleted"`
+	UpdatedAt     time.Time `json:"updated_at,omitzero"` // newest head update
+}
+
+// StatusReport is the whole of `pisync status`.
+type StatusReport struct {
+	Host     string          `json:"host"`
+	Time     time.Time       `json:"time"`
+	Sessions []SessionStatus `json:"sessions"`
+	Local    Totals          `json:"host_totals"`
+	Mirror   MirrorTotals    `json:"mirror_totals"`
+}
+
+// Status computes the state of each surveyed pair (see Survey) at time now, and totals
+// for the host and, from heads, for the owner.
+func Status(pairs []Pair, heads []mirror.Head, o mirror.Owner, host string, now time.Time) StatusReport {
+	rep := StatusReport{Host: host, Time: now, Local: Totals{States: map[State]int{}}}
+	for _, p := range pairs {
+		s := sessionStatus(p, now)
+		rep.Sessions = append(rep.Sessions, s)
+		t := &rep.Local
+		t.Sessions++
+		t.States[s.State]++
+		t.LocalBytes += s.LocalBytes
+		t.MirroredBytes += min(s.MirroredBytes, s.LocalBytes)
+		t.MaxLagSeconds = max(t.MaxLagSeconds, s.LagSeconds)
+	}
+	rep.Local.Percent = percent(rep.Local.MirroredBytes, rep.Local.LocalBytes)
+	sort.SliceStable(rep.Sessions, func(i, j int) bool { return rep.Sessions[i].Path < rep.Sessions[j].Path })
+	m := &rep.Mirror
+	m.Tenant, m.Owner, m.Conversations = o.Tenant, o.Name, len(heads)
+	hosts := map[string]bool{}
+	for _, h := range heads {
+		hosts[h.Host] = true
+		m.Entries += h.Entries
+		m.Bytes += h.Bytes
+		if h.LocalDeleted {
+			m.LocalDeleted++
+		}
+		if h.UpdatedAt.After(m.UpdatedAt) {
+			m.UpdatedAt = h.UpdatedAt
+		}
+	}
+	m.Hosts = len(hosts)
+	return rep
+}
+
+func sessionStatus(p Pair, now time.Time) SessionStatus {
+	var s SessionStatus
+	if h := p.Head; h != nil {
+		s.Conversation, s.Key, s.Generation = h.Conversation, h.Key, h.Generation
+		s.MirroredBytes, s.MirroredAt, s.Host = h.Bytes, h.UpdatedAt, h.Host
+		s.Path = filepath.Join(h.Root, filepath.FromSlash(h.Source))
+	}
+	f := p.File
+	if f == nil {
+		s.State, s.Detail, s.Percent = StateMissing, "the mirror keeps it; pisync recover restores it", 100
+		return s
+	}
+	s.Path, s.LocalBytes, s.TornBytes = f.Path, f.Size, f.Torn
+	if f.HeaderOK && s.Conversation == "" {
+		s.Conversation = f.Header.ID
+	}
+	if p.Head != nil {
+		s.Percent = percent(min(p.Head.Bytes, f.Size), f.Size)
+	}
+	complete := f.Size - f.Torn
+	sinceWrite := max(now.Sub(f.ModTime).Seconds(), 0)
+	switch {
+	case f.Err != nil:
+		s.State, s.Detail = StateError, f.Err.Error()
+	case p.Head == nil && !f.HeaderOK:
+		s.State, s.Detail, s.LagSeconds = StateTorn, "the first line is not complete yet", sinceWrite
+	case p.Head == nil:
+		s.State, s.LagSeconds = StateNotMirrored, sinceWrite
+	case p.Head.Bytes > complete:
+		s.State = StateError
+		s.Detail = fmt.Sprintf("the mirror holds %d bytes, the file %d complete ones: rewritten or truncated since (pisync verify shows what differs)", p.Head.Bytes, complete)
+	case p.Head.Bytes < complete:
+		s.State = StatePending
+		s.Detail = fmt.Sprintf("%d bytes to mirror", complete-p.Head.Bytes)
+		s.LagSeconds = max(now.Sub(p.Head.UpdatedAt).Seconds(), 0)
+	case f.Torn > 0:
+		s.State = StateTorn
+		s.Detail = fmt.Sprintf("a torn last line of %d bytes is held back until it is complete", f.Torn)
+		s.LagSeconds = max(now.Sub(p.Head.UpdatedAt).Seconds(), 0)
+	default:
+		s.State = StateSynced
+	}
+	return s
+}
+
+func percent(part, whole int64) float64 {
+	if whole <= 0 {
+		return 100
+	}
+	return 100 * float64(part) / float64(whole)
+}

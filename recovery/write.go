@@ -1,0 +1,246 @@
+package recovery
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Blobs opens blob payloads by digest; *mirror.Reader implements it.
+type Blobs interface {
+	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
+}
+
+// maxListed bounds how many offending lines a refusal names.
+const maxListed = 5
+
+// existing is what a file already at the target holds, compared with the rebuilt one.
+type existing struct {
+	exists    bool
+	identical bool     // byte for byte the rebuilt file (by line digests)
+	lacking   []string // lines the mirror does not hold, described (at most maxListed)
+	nLacking  int
+}
+
+// inspect compares the file at rel (if any) with plan, line by line by digest. held
+// holds the digest of every line the mirror has, in any generation, and of the lines
+// recovery makes: a local line outside it would be lost by overwriting the file. A torn
+// last line counts as such a line.
+func inspect(root *os.Root, rel string, plan *Plan, held map[string]bool) (existing, error) {
+	f, err := root.Open(rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return existing{}, nil
+	}
+	if err != nil {
+		return existing{}, fmt.Errorf("open existing %s: %w", rel, err)
+	}
+	defer f.Close()
+	e := existing{exists: true, identical: true}
+	var n int64
+	torn, err := localLines(f, func(l localLine) error {
+		n++
+		if l.ordinal >= int64(len(plan.Lines)) || plan.Lines[l.ordinal].SHA256 != l.sha {
+			e.identical = false
+		}
+		if !held[l.sha] {
+			e.nLacking++
+			if len(e.lacking) < maxListed {
+				desc := fmt.Sprintf("line %d", l.ordinal+1)
+				if id := l.entryID(); id != "" {
+					desc += " (entry " + id + ")"
+				}
+				e.lacking = append(e.lacking, desc)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return existing{}, fmt.Errorf("read existing %s: %w", rel, err)
+	}
+	if n != int64(len(plan.Lines)) {
+		e.identical = false
+	}
+	if torn > 0 {
+		e.identical = false
+		e.nLacking++
+		e.lacking = append(e.lacking, fmt.Sprintf("a torn last line of %d bytes", torn))
+	}
+	return e, nil
+}
+
+func (e existing) lackingText() string {
+	s := strings.Join(e.lacking, ", ")
+	if more := e.nLacking - len(e.lacking); more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
+}
+
+// render writes the rebuilt file to w: each line and its newline, blobs streamed from the
+// mirror through a digest, so that memory does not grow with blob size. A blob whose
+// bytes do not match their digest or size fails with ErrDigest.
+func render(ctx context.Context, w io.Writer, blobs Blobs, plan *Plan) error {
+	nl := []byte{'\n'}
+	for _, l := range plan.Lines {
+		if l.Data != nil {
+			if _, err := w.Write(l.Data); err != nil {
+				return err
+			}
+		} else if err := streamBlob(ctx, w, blobs, l); err != nil {
+			return err
+		}
+		if _, err := w.Write(nl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func streamBlob(ctx context.Context, w io.Writer, blobs Blobs, l OutLine) error {
+	rc, err := blobs.Blob(ctx, l.SHA256)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", l.Ordinal+1, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	// One byte more than recorded, so that a longer object is noticed.
+	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(rc, l.Size+1))
+	if err != nil {
+		return fmt.Errorf("line %d: blob %s: %w", l.Ordinal+1, l.SHA256, err)
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	if err := checkBlob(l.SHA256, l.Size, n, sum); err != nil {
+		return fmt.Errorf("line %d: %w", l.Ordinal+1, err)
+	}
+	return nil
+}
+
+// writeAtomic writes plan to t: a temporary file in the target directory (mode 0600),
+// fsync, rename over the target, fsync of the directory. New directories get mode 0700.
+// Every path goes through os.Root, so nothing lands outside t.root even through a
+// symbolic link. On failure the temporary file is removed and the target is untouched.
+func writeAtomic(ctx context.Context, blobs Blobs, t target, plan *Plan) (err error) {
+	made, err := mkdirs(t)
+	defer made.close()
+	defer func() {
+		if err != nil {
+			made.undo() // a refused or failed write leaves nothing behind, directories included
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	root := made.root
+	dir := filepath.Dir(t.rel)
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:]) // crypto/rand does not fail on supported platforms
+	// Not *.jsonl, so that a daemon watching the tree ignores it until the rename.
+	tmp := filepath.Join(dir, "."+filepath.Base(t.rel)+".pisync-"+hex.EncodeToString(rnd[:])+".tmp")
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
+	}
+	renamed := false
+	defer func() {
+		if !renamed {
+			f.Close()
+			_ = root.Remove(tmp)
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 256<<10)
+	if err := render(ctx, bw, blobs, plan); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write %s: %w", t.path(), err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", t.path(), err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", t.path(), err)
+	}
+	if err := root.Rename(tmp, t.rel); err != nil {
+		return fmt.Errorf("rename into %s: %w", t.path(), err)
+	}
+	renamed = true
+	return syncDir(root, dir)
+}
+
+// madeDirs are the directories a write created, so that a failed write can remove them.
+type madeDirs struct {
+	root  *os.Root
+	outer []string // absolute, created above and including t.root, deepest first
+	inner []string // relative to root, deepest first
+}
+
+// mkdirs creates t.root and the target's directory (mode 0700) and opens the root,
+// remembering what did not exist before.
+func mkdirs(t target) (*madeDirs, error) {
+	m := &madeDirs{}
+	for d := t.root; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || filepath.Dir(d) == d {
+			break
+		}
+		m.outer = append(m.outer, d)
+	}
+	if err := os.MkdirAll(t.root, 0o700); err != nil {
+		return m, fmt.Errorf("create %s: %w", t.root, err)
+	}
+	root, err := os.OpenRoot(t.root)
+	if err != nil {
+		return m, fmt.Errorf("open %s: %w", t.root, err)
+	}
+	m.root = root
+	for d := filepath.Dir(t.rel); d != "."; d = filepath.Dir(d) {
+		if _, err := root.Lstat(d); err == nil {
+			break
+		}
+		m.inner = append(m.inner, d)
+	}
+	if err := root.MkdirAll(filepath.Dir(t.rel), 0o700); err != nil {
+		return m, fmt.Errorf("create %s: %w", filepath.Join(t.root, filepath.Dir(t.rel)), err)
+	}
+	return m, nil
+}
+
+// undo removes the directories mkdirs created; they are empty again after a failure.
+func (m *madeDirs) undo() {
+	if m.root != nil {
+		for _, d := range m.inner {
+			_ = m.root.Remove(d)
+		}
+	}
+	for _, d := range m.outer {
+		_ = os.Remove(d)
+	}
+}
+
+func (m *madeDirs) close() {
+	if m.root != nil {
+		m.root.Close()
+	}
+}
+
+// syncDir makes the rename durable.
+func syncDir(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
