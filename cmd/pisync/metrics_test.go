@@ -45,8 +45,8 @@ func TestExportedMetrics(t *testing.T) {
 	srv := natstest.Run(t)
 	root := t.TempDir()
 	rng := rand.New(rand.NewPCG(5, 9))
-	f := sessiontest.New(rng, root, "/work/metrics", sessiontest.HarnessV3)
-	if err := f.Append(f.HeaderLine("/work/metrics"), f.Entry(300), f.Entry(300), []byte(""),
+	f := sessiontest.New(rng, root, "/srv/metrics", sessiontest.HarnessV3)
+	if err := f.Append(f.HeaderLine("/srv/metrics"), f.Entry(300), f.Entry(300), []byte(""),
 		[]byte(`{"type":"message","id":"trunc`), f.Entry(9000)); err != nil {
 		t.Fatal(err)
 	}

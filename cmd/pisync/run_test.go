@@ -74,7 +74,7 @@ func TestMirrorsEveryLineOnce(t *testing.T) {
 		}
 	}()
 	for range 5 {
-		cwd := "/work/live"
+		cwd := "/srv/live"
 		f := sessiontest.New(rng, root, cwd, sessiontest.HarnessV3)
 		lines := [][]byte{f.HeaderLine(cwd)}
 		for range 10 {
