@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,6 +68,9 @@ func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
 	return m.Sequence, nil
 }
 
+// scanConsumerIdle is how long the server keeps a scan's consumer after its last use.
+const scanConsumerIdle = 5 * time.Second
+
 // ScanOptions select what Scan reads.
 type ScanOptions struct {
 	FromSeq     uint64 // first stream sequence to read (0 or 1: from the start)
@@ -90,6 +94,9 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,
 		HeadersOnly:    opts.HeadersOnly,
+		// A scan is over in moments; its consumer must not linger and count against
+		// the stream's consumer limit (readers may not hold the right to delete it).
+		InactiveThreshold: scanConsumerIdle,
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: create consumer: %w", c.Key, err)

@@ -132,9 +132,19 @@ func (p *Publisher) classify(st *fileState, it *item, data []byte, f watcher.Fil
 		return
 	}
 	if data == nil {
-		// Too large to hold in memory: mirrored as a blob whose envelope is not read
-		// here; recovery reads the line itself.
-		it.kind = mirror.KindEntry
+		// Too large to hold in memory: the envelope comes from the line's first bytes,
+		// where Pi writes it, ahead of the payload.
+		prefix, err := readPrefix(f.Path, l.Offset, min(l.Len, 64<<10))
+		if err == nil {
+			if env, ok := session.ScanEnvelopePrefix(prefix); ok {
+				it.kind, it.env, it.entry = mirror.KindEntry, env, true
+				return
+			}
+		}
+		it.kind = mirror.KindRaw
+		p.m.invalid.WithLabelValues("malformed").Inc()
+		p.log.Warn("huge line does not start like a JSON entry; mirrored as raw", zap.String("path", f.Path),
+			zap.Int64("line", l.Ordinal+1), zap.Int64("bytes", l.Len))
 		return
 	}
 	if session.IsBlank(data) {

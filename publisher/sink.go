@@ -6,6 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -44,10 +47,10 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	sum := sha256.Sum256(f.Header)
 	hdrSHA := hex.EncodeToString(sum[:])
 
-	if why == watcher.Replaced {
-		if err := p.retireReplaced(ctx, f); err != nil {
-			return watcher.Start{}, err
-		}
+	// Whatever the watcher saw (an atomic rename over the path can also look like a
+	// new file), a file we knew at this path under another identity is replaced.
+	if err := p.retireReplaced(ctx, f); err != nil {
+		return watcher.Start{}, err
 	}
 	p.mu.Lock()
 	old := p.files[f.ID]
@@ -127,7 +130,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 		p.byConv[key] = f.ID
 		return key
 	}
-	if other, ok := p.files[owner]; ok && (other.gone || other.skipped) {
+	if other, ok := p.files[owner]; ok && (other.gone || other.skipped || vanished(other.file)) {
 		p.byConv[key] = f.ID
 		return key
 	}
@@ -167,6 +170,17 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	p.mu.Unlock()
 	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
 	return nil
+}
+
+// vanished reports whether f is no longer at its path (the watcher reports Gone only
+// after a grace period, in case the file was moved).
+func vanished(f watcher.File) bool {
+	fi, err := os.Stat(f.Path)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && (uint64(st.Ino) != f.ID.Ino || uint64(st.Dev) != f.ID.Dev)
 }
 
 func reasonLabel(why watcher.OpenReason) string {

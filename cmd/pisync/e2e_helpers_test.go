@@ -48,12 +48,14 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var why string
+	pause := 10 * time.Millisecond
 	for time.Now().Before(deadline) {
 		var ok bool
 		if ok, why = cond(); ok {
 			return
 		}
-		time.Sleep(50 * time.Millisecond) // polling interval of a poll-with-deadline
+		time.Sleep(pause) // polling interval of a poll-with-deadline, growing to 500 ms
+		pause = min(2*pause, 500*time.Millisecond)
 	}
 	t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, why)
 }
