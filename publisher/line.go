@@ -404,7 +404,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		st.mu.Unlock()
 		return err
 	}
-	held, err := p.heldSince(ctx, st.conv, gen, from, last)
+	held, _, err := p.heldSince(ctx, st.conv, gen, from, last)
 	if err != nil {
 		st.mu.Lock()
 		st.failed = true

@@ -28,18 +28,26 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		if err != nil {
 			return err
 		}
+		newer := false
 		if last >= st.acked.StreamSeq {
-			held, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
+			held, newerGen, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
 			if err != nil {
 				return err
 			}
-			st.held = held
-			return nil
+			if !newerGen {
+				st.held = held
+				return nil
+			}
+			// A generation started after the checkpoint was committed (the daemon died
+			// in between): the checkpoint's generation is over.
+			newer = true
 		}
-		// The mirror holds less than the checkpoint says it acknowledged: the stream was
-		// purged or restored from an older backup. The checkpoint proves nothing then.
-		log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
-			zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Uint64("mirror_seq", last))
+		if !newer {
+			// The mirror holds less than the checkpoint says it acknowledged: the stream
+			// was purged or restored from an older backup.
+			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
+				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Uint64("mirror_seq", last))
+		}
 		st.acked = checkpoint.Record{}
 		st.leaf.Set("")
 	}
@@ -82,16 +90,19 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence
-// from on; last is the subject's newest sequence (one direct get), which answers most
+// from on, and whether a newer generation appears there; last is the subject's newest sequence (one direct get), which answers most
 // calls without reading anything.
-func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (map[int64]heldLine, error) {
+func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (held map[int64]heldLine, newer bool, err error) {
 	if last < from {
 		p.m.resumeQuery.WithLabelValues("last_seq").Inc()
-		return nil, nil
+		return nil, false, nil
 	}
-	held := map[int64]heldLine{}
-	err := p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, func(m mirror.Msg) error {
-		if m.Generation == gen {
+	held = map[int64]heldLine{}
+	err = p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, func(m mirror.Msg) error {
+		switch {
+		case m.Generation > gen:
+			newer = true
+		case m.Generation == gen:
 			if _, dup := held[m.Ordinal]; !dup {
 				held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
 			}
@@ -99,10 +110,10 @@ func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from,
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("resume %s: %w", c.Key, err)
+		return nil, false, fmt.Errorf("resume %s: %w", c.Key, err)
 	}
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
-	return held, nil
+	return held, newer, nil
 }
 
 // matchesMirror reports whether every line the mirror holds is still in the file, byte

@@ -130,7 +130,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 		p.byConv[key] = f.ID
 		return key
 	}
-	if other, ok := p.files[owner]; ok && (other.gone || other.skipped || vanished(other.file)) {
+	if other, ok := p.files[owner]; !ok || other.gone || other.skipped || vanished(other.file) {
 		p.byConv[key] = f.ID
 		return key
 	}
@@ -148,27 +148,25 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 // conversation key passes to the new file instead of looking like a copy.
 func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	p.mu.Lock()
-	var old *fileState
+	var stale []*fileState
 	for id, st := range p.files {
 		if id != f.ID && st.file.Root == f.Root && st.file.Rel == f.Rel {
-			old = st
-			break
+			stale = append(stale, st)
 		}
 	}
 	p.mu.Unlock()
-	if old == nil {
-		return nil
+	for _, old := range stale {
+		if err := p.waitQueueEmpty(ctx, old); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		delete(p.files, old.file.ID)
+		if p.byConv[old.conv.Key] == old.file.ID {
+			delete(p.byConv, old.conv.Key)
+		}
+		p.mu.Unlock()
+		p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
 	}
-	if err := p.waitQueueEmpty(ctx, old); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	delete(p.files, old.file.ID)
-	if p.byConv[old.conv.Key] == old.file.ID {
-		delete(p.byConv, old.conv.Key)
-	}
-	p.mu.Unlock()
-	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
 	return nil
 }
 
@@ -210,8 +208,8 @@ func (p *Publisher) Torn(f watcher.File, offset, n int64) {
 // Gone marks a file deleted locally: its mirror copy stays, its state says so.
 func (p *Publisher) Gone(f watcher.File) {
 	st := p.state(f.ID)
-	if st == nil {
-		return
+	if st == nil || st.file.Path != f.Path {
+		return // unknown, or the inode number now belongs to another file
 	}
 	st.mu.Lock()
 	st.gone = true

@@ -32,7 +32,15 @@ func (b *builder) run() {
 	b.made = map[string]bool{}
 	b.lastStamp = b.plan.Header.Timestamp
 	b.index()
+	positional := b.fill && b.plan.Header.Format == session.FormatV1
+	prev := int64(0) // the header's ordinal
 	for i, l := range b.body {
+		if positional {
+			for o := prev + 1; o < l.Ordinal; o++ {
+				b.positionPlaceholder(o)
+			}
+			prev = l.Ordinal
+		}
 		switch {
 		case l.Kind == mirror.KindRaw:
 			b.rep.Raw++
@@ -162,6 +170,23 @@ func (b *builder) placeholder(id string, l Line) {
 	b.made[id] = true
 	b.leaf.Apply(session.Envelope{Type: "custom", ID: id, ParentID: parent})
 	b.rep.Placeholders = append(b.rep.Placeholders, Placeholder{ID: id, ParentID: parent, Line: len(b.plan.Lines), ReferredBy: referrer})
+}
+
+// positionPlaceholder keeps the place of the missing line at ordinal o of a v1 file.
+func (b *builder) positionPlaceholder(o int64) {
+	stamp := b.lastStamp
+	if stamp == "" {
+		stamp = fallbackTimestamp
+	}
+	id := mirror.OrdinalID(o)
+	line := v1PlaceholderLine(stamp, placeholderData{
+		MissingID:  id,
+		Generation: b.in.Generation,
+		Reason: fmt.Sprintf("line %d of this version-1 file is not in the pisync mirror (generation %d); pisync recover put this placeholder in its place so that entries named by position keep theirs",
+			o+1, b.in.Generation),
+	})
+	b.plan.Lines = append(b.plan.Lines, synthLine(line))
+	b.rep.Placeholders = append(b.rep.Placeholders, Placeholder{ID: id, Line: len(b.plan.Lines)})
 }
 
 func describe(l Line) string {

@@ -1,65 +1,49 @@
 package recovery
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"testing"
-	"time"
+
+	"github.com/pisync/pisync/conformance/pitest"
 )
 
-// pihelper is the conformance helper that loads a file with Pi's own code.
-var pihelper = filepath.Join("..", "conformance", "pihelper", "pihelper.mjs")
-
 // TestRebuiltFilesOpenInPi loads every rebuilt golden file that Pi's harness can read
-// with the harness itself (conformance/pihelper): it must open, land on the leaf the
-// report computed, and read the file's entries as written. It is skipped where node or
-// the helper's modules are not installed.
+// with the harness itself (conformance/pihelper, all in one Node process): it must open,
+// land on the leaf the report computed, and read the file's entries as written. Like the
+// rest of the real-Pi suite it runs wherever node is installed (installing the helper's
+// packages with npm ci on first use), skips otherwise, and fails under CI=true.
 func TestRebuiltFilesOpenInPi(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not installed")
-	}
-	if _, err := os.Stat(filepath.Join(filepath.Dir(pihelper), "node_modules", "@earendil-works", "pi-agent-core")); err != nil {
-		t.Skip("pihelper's modules not installed (npm ci in conformance/pihelper)")
-	}
+	pi := pitest.New(t)
 	// raw_lines keeps a malformed line and v1 files are not version 3: the harness
 	// refuses both, by design.
-	for _, name := range []string{"complete", "missing_middle", "missing_first", "missing_leaf_target",
+	names := []string{"complete", "missing_middle", "missing_first", "missing_leaf_target",
 		"two_children_missing_parent", "three_consecutive_missing", "missing_header", "missing_header_no_head",
-		"raw_dropped", "dangling_complete", "conflicts", "blob", "generations"} {
+		"raw_dropped", "dangling_complete", "conflicts", "blob", "generations"}
+	output := func(name string) string { return filepath.Join("testdata", "golden", name, "output.jsonl") }
+	var reqs []pitest.DumpRequest
+	for _, name := range names {
+		reqs = append(reqs, pitest.DumpRequest{Path: output(name), Loader: "harness"})
+	}
+	dumps := pi.DumpMany(t, reqs)
+
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			t.Parallel() // each case starts node
-			dir := filepath.Join("testdata", "golden", name)
 			var rep Report
-			b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+			b, err := os.ReadFile(filepath.Join("testdata", "golden", name, "report.json"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := json.Unmarshal(b, &rep); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, node, pihelper, "dump", filepath.Join(dir, "output.jsonl"))
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("Pi refused the rebuilt file: %v: %s", err, stderr.String())
+			res := dumps[output(name)]
+			if res.Error != "" {
+				t.Fatalf("Pi refused the rebuilt file: %s", res.Error)
 			}
-			var dump struct {
-				Entries []map[string]any `json:"entries"`
-				LeafID  *string          `json:"leafId"`
-			}
-			if err := json.Unmarshal(out, &dump); err != nil {
-				t.Fatal(err)
-			}
-			if leaf := deref(dump.LeafID); leaf != rep.Leaf {
+			if leaf := res.Dump.Leaf(); leaf != rep.Leaf {
 				t.Errorf("Pi's leaf %q, recovery computed %q", leaf, rep.Leaf)
 			}
 			placeholders := map[string]bool{}
@@ -67,13 +51,18 @@ func TestRebuiltFilesOpenInPi(t *testing.T) {
 				placeholders[p.ID] = true
 			}
 			var got []map[string]any
-			for _, e := range dump.Entries {
-				if id, _ := e["id"].(string); !placeholders[id] {
-					got = append(got, e)
+			for _, e := range res.Dump.Entries {
+				if placeholders[e.ID] {
+					continue
 				}
+				var m map[string]any
+				if err := json.Unmarshal(e.Raw, &m); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, m)
 			}
 			var want []map[string]any
-			for _, l := range readLines(t, filepath.Join(dir, "output.jsonl"))[1:] {
+			for _, l := range readLines(t, output(name))[1:] {
 				var e map[string]any
 				if err := json.Unmarshal(l, &e); err != nil {
 					t.Fatal(err)
@@ -87,11 +76,4 @@ func TestRebuiltFilesOpenInPi(t *testing.T) {
 			}
 		})
 	}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }

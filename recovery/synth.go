@@ -98,6 +98,19 @@ func placeholderLine(id, parent, timestamp string, data placeholderData) []byte 
 	}{"custom", id, p, timestamp, PlaceholderType, data})
 }
 
+// v1PlaceholderLine stands for a missing line of a version-1 file. Such files name
+// entries by position (a compaction's firstKeptEntryIndex counts lines), so a lost line
+// must keep its place; it has no id, like every v1 entry, and Pi's migration chains it
+// like any other.
+func v1PlaceholderLine(timestamp string, data placeholderData) []byte {
+	return marshalLine(struct {
+		Type       string          `json:"type"`
+		Timestamp  string          `json:"timestamp"`
+		CustomType string          `json:"customType"`
+		Data       placeholderData `json:"data"`
+	}{"custom", timestamp, PlaceholderType, data})
+}
+
 // marshalLine encodes v as one line without HTML escaping (Pi writes JSON.stringify,
 // which does not escape <, > or &).
 func marshalLine(v any) []byte {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -156,7 +157,10 @@ func TestChaos(t *testing.T) {
 	logs := &lockedBuffer{}
 	defer func() {
 		if t.Failed() {
-			t.Logf("daemon logs (last 12 KiB):\n%s", logs.tail(12<<10))
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("pisync-chaos-%d.log", seed))
+			if err := os.WriteFile(path, []byte(logs.tail(1<<30)), 0o644); err == nil {
+				t.Logf("daemon logs in %s; the last 4 KiB:\n%s", path, logs.tail(4<<10))
+			}
 		}
 	}()
 	start := func() {

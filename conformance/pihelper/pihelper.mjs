@@ -216,9 +216,9 @@ async function writeScenarios(rootDir) {
   out.push(cliItem("cli-fork-from", forked.getSessionFile(), cliRoot, forked.getSessionId(), { forkOf: sm.getSessionId() }));
 
   // A legacy v1 file, left unmigrated (opening it with the CLI would rewrite it).
-  const legacyDir = getDefaultSessionDir("/home/dev/legacy", agentDir);
+  const legacyDir = getDefaultSessionDir(V1_CWD, agentDir);
   const legacyId = randomUUID();
-  const legacyPath = join(legacyDir, `${new Date().toISOString().replace(/[:.]/g, "-")}_${legacyId}.jsonl`);
+  const legacyPath = join(legacyDir, sessionFileName(legacyId));
   await writeV1File(legacyPath, legacyId);
   out.push({ ...cliItem("cli-v1", legacyPath, cliRoot, legacyId), format: "cli-v1" });
 
@@ -232,10 +232,33 @@ async function writeScenarios(rootDir) {
 // `version` and carries the initial model; entries have no id/parentId and form
 // a line; compaction points at its first kept entry by index into the file's
 // entries, header included (migrateV1ToV2 resolves it the same way).
+const V1_CWD = "/home/dev/legacy";
+
+// Pi's file name inside a project directory: <ISO time, : and . replaced by ->_<id>.jsonl.
+function sessionFileName(id, date = new Date()) {
+  return `${date.toISOString().replace(/[:.]/g, "-")}_${id}.jsonl`;
+}
+
+// Pi's project directory name under a sessions root (the coding-agent's
+// getDefaultSessionDirPath): --<cwd without its leading separator, / \ : as ->--.
+// The self-test checks it against getDefaultSessionDir.
+function projectDirName(cwd) {
+  return `--${resolve(cwd).replace(/^[/\\]/, "").replace(/[/\\:]/g, "-")}--`;
+}
+
+// write-v1's <path>: a .jsonl file as is, or a sessions root in which the file
+// gets Pi's layout (<root>/--<cwd>--/<time>_<id>.jsonl) and a name with its id.
+function v1Target(path) {
+  const abs = resolve(path);
+  if (abs.endsWith(".jsonl")) return { path: abs, id: randomUUID() };
+  const id = randomUUID();
+  return { path: join(abs, projectDirName(V1_CWD), sessionFileName(id)), id };
+}
+
 async function writeV1File(path, id = randomUUID()) {
   const ts = () => new Date().toISOString();
   const lines = [
-    { type: "session", id, timestamp: ts(), cwd: "/home/dev/legacy", provider: "anthropic", modelId: "claude-sonnet-4-5", thinkingLevel: "off" },
+    { type: "session", id, timestamp: ts(), cwd: V1_CWD, provider: "anthropic", modelId: "claude-sonnet-4-5", thinkingLevel: "off" },
     { type: "message", timestamp: ts(), message: user("Show me the Makefile.") },
     { type: "message", timestamp: ts(), message: assistant([toolCall("toolu_01", "read", { path: "Makefile" })]) },
     { type: "message", timestamp: ts(), message: toolResult("toolu_01", "read", "all:\n\tgo build ./...\n") },
@@ -363,6 +386,46 @@ async function dumpCli(path) {
   }
 }
 
+// dump-many: every path loaded in this one process (a Node start costs about a
+// second), each with its own loader. A file Pi refuses does not stop the others:
+// its value is {"error": "<Pi's message>"}, and the exit code is 1.
+async function dumpMany(requests) {
+  const out = {};
+  let failed = false;
+  for (const { path, loader } of requests) {
+    try {
+      out[path] = { dump: await (loader === "cli" ? dumpCli(path) : dumpHarness(path)) };
+    } catch (err) {
+      out[path] = { error: String(err?.message ?? err) };
+      failed = true;
+    }
+  }
+  return { out, failed };
+}
+
+// dump-many's command line: --loader applies to the paths after it.
+function parseDumpMany(args) {
+  const requests = [];
+  const seen = new Set();
+  let loader = "harness";
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (arg.startsWith("--")) {
+      const [name, inline] = arg.slice(2).split(/=(.*)/s);
+      if (name !== "loader") throw new UsageError(`unknown flag --${name}`);
+      const value = inline ?? args[++i];
+      if (value !== "harness" && value !== "cli") throw new UsageError(`--loader must be harness or cli, got ${JSON.stringify(value)}`);
+      loader = value;
+      continue;
+    }
+    if (seen.has(arg)) throw new UsageError(`path given twice: ${arg}`);
+    seen.add(arg);
+    requests.push({ path: arg, loader });
+  }
+  if (requests.length === 0) throw new UsageError("expected at least one <path>");
+  return requests;
+}
+
 async function labelsOf(entries, getLabel) {
   const labels = {};
   for (const e of entries) {
@@ -448,13 +511,18 @@ function nonNegativeInt(value, name) {
 
 const USAGE = `usage: pihelper.mjs <command> ...
   write-scenarios <rootDir>        write scenario sessions with Pi; prints the manifest
-  write-v1 <path>                  write a legacy version-1 session file
+  write-v1 <path>                  write a legacy version-1 session file; <path> is a .jsonl file
+                                   or a sessions root (Pi's layout and file name)
   migrate <path>                   open <path> with the CLI SessionManager (migrates v1/v2 in place)
   live <path> [--count N] [--interval-ms M] [--cwd DIR] [--bytes N]
                                    append N messages to a harness session, one JSON line each;
                                    <path> is a .jsonl file (opened or created) or a sessions root
   dump <path> [--loader harness|cli]
-                                   load <path> with Pi and print a canonical JSON dump`;
+                                   load <path> with Pi and print a canonical JSON dump
+  dump-many [--loader harness|cli] <path>... [--loader L <path>...]
+                                   dump several files in one process: a JSON object keyed by
+                                   path, {"dump": ...} or {"error": ...}; --loader applies to
+                                   the paths after it`;
 
 function one(positional, what) {
   if (positional.length !== 1) throw new UsageError(`expected exactly one ${what}`);
@@ -473,7 +541,8 @@ async function main(argv) {
     }
     case "write-v1": {
       const { positional } = parseFlags(args, {});
-      emit(await writeV1File(resolve(one(positional, "<path>"))));
+      const { path, id } = v1Target(one(positional, "<path>"));
+      emit(await writeV1File(path, id));
       return;
     }
     case "migrate": {
@@ -499,6 +568,12 @@ async function main(argv) {
       });
       const path = one(positional, "<path>");
       emit(await ((flags.loader ?? "harness") === "cli" ? dumpCli(path) : dumpHarness(path)));
+      return;
+    }
+    case "dump-many": {
+      const { out, failed } = await dumpMany(parseDumpMany(args));
+      emit(out);
+      if (failed) process.exitCode = 1;
       return;
     }
     case undefined:

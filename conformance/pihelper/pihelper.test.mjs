@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { basename, join } from "node:path";
+import { basename, dirname, join, relative } from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
@@ -171,6 +171,46 @@ test("v1: refused by the harness, migrated in place by the CLI", async () => {
   const compaction = d.entries.find((e) => e.type === "compaction");
   assert.equal(compaction.firstKeptEntryId, d.entries[6].id, "firstKeptEntryIndex 7 (header counted) became an id");
   assert.equal((await runJSON("migrate", path)).rewritten, false, "a v3 file is left alone");
+});
+
+test("write-v1 into a sessions root uses Pi's layout and names the file by its id", async () => {
+  const root = join(dir, "v1-root");
+  const written = await runJSON("write-v1", root);
+  const rel = relative(root, written.path);
+  assert.match(rel, new RegExp(`^--home-dev-legacy--/\\d{4}-\\d\\d-\\d\\dT\\d\\d-\\d\\d-\\d\\d-\\d{3}Z_${written.conversationId}\\.jsonl$`));
+  // The same project directory as Pi's getDefaultSessionDir (used by write-scenarios).
+  assert.equal(dirname(rel), dirname(byName["cli-v1"].relPath));
+  const header = JSON.parse((await readFile(written.path, "utf8")).split("\n")[0]);
+  assert.equal(header.id, written.conversationId);
+  assert.equal(header.version, undefined);
+});
+
+test("dump-many dumps each path as dump does, keyed by path, and reports refusals", async () => {
+  const harness = ["harness-basic", "harness-branching", "harness-image"].map((n) => byName[n].path);
+  const cli = ["cli-basic", "cli-v1"].map((n) => byName[n].path);
+  const missing = join(dir, "missing.jsonl");
+  const r = await run("dump-many", ...harness, missing, "--loader", "cli", ...cli);
+  assert.equal(r.code, 1, "a refused file makes the exit code 1");
+  const many = JSON.parse(r.stdout);
+  assert.deepEqual(Object.keys(many).sort(), [...harness, missing, ...cli].sort());
+  assert.match(many[missing].error, /ENOENT|no such file/i);
+  assert.equal(many[missing].dump, undefined);
+  for (const [paths, loader] of [[harness, "harness"], [["cli-basic"].map((n) => byName[n].path), "cli"]]) {
+    for (const path of paths) {
+      const one = await run("dump", path, "--loader", loader);
+      assert.equal(one.code, 0, one.stderr);
+      assert.equal(JSON.stringify(many[path].dump) + "\n", one.stdout, `${path}: same bytes as dump`);
+    }
+  }
+  // The v1 file migrates (in a private copy) to random ids: same shape, other ids.
+  assert.equal(many[byName["cli-v1"].path].dump.header.version, 3);
+
+  const ok = await run("dump-many", byName["harness-header-only"].path);
+  assert.equal(ok.code, 0, ok.stderr);
+  assert.equal(JSON.parse(ok.stdout)[byName["harness-header-only"].path].dump.leafId, null);
+  assert.equal((await run("dump-many")).code, 2, "no path: usage error");
+  assert.equal((await run("dump-many", "a.jsonl", "a.jsonl")).code, 2, "a path twice: usage error");
+  assert.equal((await run("dump-many", "--loader", "x", "a.jsonl")).code, 2, "bad loader: usage error");
 });
 
 test("live appends messages and reports their ids", async () => {
