@@ -57,15 +57,5 @@ func TestClusterLeaderLoss(t *testing.T) {
 	nc := natstest.Connect(t, cl.URLs())
 	r := newReader(t, nc, "t1", "alice")
 	allMirrored(t, r, root, 120*time.Second)
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("%d duplicates, e.g. %v", len(dups), dups[:min(5, len(dups))])
-	}
-	total := 0
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-	}
+	requireExactlyOnce(t, nc, files, 0)
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // startTestDaemon runs the daemon in-process with the given command-line flags.
@@ -258,4 +259,23 @@ func testLogLevel() zapcore.Level {
 		return zap.DebugLevel
 	}
 	return zap.WarnLevel
+}
+
+// requireExactlyOnce checks the whole stream: no (conversation, generation, entry) twice,
+// and exactly as many messages as the files have complete lines, plus extra lines
+// written without a File to count them.
+func requireExactlyOnce(t *testing.T, nc *nats.Conn, files []*sessiontest.File, extra int) []streamMsg {
+	t.Helper()
+	msgs := readStream(t, nc)
+	if dups := duplicates(msgs); len(dups) > 0 {
+		t.Fatalf("%d duplicates in the stream, e.g. %v", len(dups), dups[:min(5, len(dups))])
+	}
+	total := extra
+	for _, f := range files {
+		total += len(f.Lines)
+	}
+	if len(msgs) != total {
+		t.Fatalf("stream holds %d messages, the files %d complete lines", len(msgs), total)
+	}
+	return msgs
 }

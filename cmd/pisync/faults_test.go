@@ -185,17 +185,7 @@ func TestStateDirLostNoDuplicates(t *testing.T) {
 			d = startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state, "--duplicate-window", "1s")
 			defer d.stop()
 			allMirrored(t, r, root, 30*time.Second)
-			msgs := readStream(t, nc)
-			if dups := duplicates(msgs); len(dups) > 0 {
-				t.Fatalf("duplicates: %v", dups)
-			}
-			total := 0
-			for _, f := range files {
-				total += len(f.Lines)
-			}
-			if len(msgs) != total {
-				t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-			}
+			requireExactlyOnce(t, nc, files, 0)
 		})
 	}
 }
@@ -249,17 +239,7 @@ func TestServerOutage(t *testing.T) {
 	}
 	srv.Restart()
 	allMirrored(t, r, root, 60*time.Second)
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("duplicates after the outage: %v", dups)
-	}
-	total := 0
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-	}
+	requireExactlyOnce(t, nc, files, 0)
 }
 
 // TestSIGKILLExactlyOnce kills the daemon process at 30 random moments of a back-fill
@@ -343,16 +323,6 @@ func TestSIGKILLExactlyOnce(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("graceful stop: %v\n%s", err, stderr.String())
 	}
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("seed %d: %d duplicates, e.g. %v", seed, len(dups), dups[:min(5, len(dups))])
-	}
-	total := 0
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("seed %d: stream holds %d messages, files %d lines", seed, len(msgs), total)
-	}
-	t.Logf("%d lines mirrored exactly once across 30 SIGKILLs", total)
+	msgs := requireExactlyOnce(t, nc, files, 0)
+	t.Logf("seed %d: %d lines mirrored exactly once across 30 SIGKILLs", seed, len(msgs))
 }

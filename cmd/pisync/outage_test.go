@@ -72,15 +72,5 @@ func TestLongOutageMemoryFlat(t *testing.T) {
 	srv.Restart()
 	waitFor(t, 30*time.Second, "ready again", func() (bool, string) { return d.ready() })
 	allMirrored(t, r, root, 120*time.Second)
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("%d duplicates, e.g. %v", len(dups), dups[:min(5, len(dups))])
-	}
-	total := extra
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-	}
+	requireExactlyOnce(t, nc, files, extra)
 }

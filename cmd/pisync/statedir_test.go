@@ -55,15 +55,5 @@ func TestStateDirUnwritable(t *testing.T) {
 		}
 	}
 	allMirrored(t, r, root, 20*time.Second)
-	msgs := readStream(t, nc)
-	if dups := duplicates(msgs); len(dups) > 0 {
-		t.Fatalf("duplicates after restarting on a stale store: %v", dups)
-	}
-	total := 0
-	for _, f := range files {
-		total += len(f.Lines)
-	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d messages, want %d", len(msgs), total)
-	}
+	requireExactlyOnce(t, nc, files, 0)
 }
