@@ -149,7 +149,11 @@ func TestNATSPermissions(t *testing.T) {
 	}
 }
 
-func testPermissions(t *testing.T, l layout) {
+// startLayout starts node-a.conf on loopback (one node) with the accounts layout l, has
+// the admin user(s) provision pisync's objects, and connects acme/alice and globex/bob,
+// each having done everything pisync does with its own data.
+func startLayout(t *testing.T, l layout) (alice, bob *owner) {
+	t.Helper()
 	setPasswords(t)
 	pki := newPKI(t)
 	caFile := pki.caFile(t)
@@ -179,10 +183,15 @@ func testPermissions(t *testing.T, l layout) {
 		nc.Close()
 	}
 
-	alice := newOwner(t, url, caFile, "acme-alice", "acme", "alice")
-	bob := newOwner(t, url, caFile, "globex-bob", "globex", "bob")
+	alice = newOwner(t, url, caFile, "acme-alice", "acme", "alice")
+	bob = newOwner(t, url, caFile, "globex-bob", "globex", "bob")
 	alice.useOwnData(t)
 	bob.useOwnData(t)
+	return alice, bob
+}
+
+func testPermissions(t *testing.T, l layout) {
+	alice, bob := startLayout(t, l)
 
 	names := alice.names
 	stream := names.Stream()

@@ -36,8 +36,10 @@ type pending struct {
 // watcher, so that the files, not memory, buffer an outage).
 func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) error {
 	st := p.state(f.ID)
-	if st == nil || st.skipped {
-		return fmt.Errorf("%s: line %d for a file that was not opened", f.Path, l.Ordinal+1)
+	if st == nil || st.skipped || st.file.Path != f.Path {
+		// Not the file we opened under this identity (its inode number was reused, or
+		// its state was retired when another file replaced it): open it again.
+		return fmt.Errorf("%s: line %d of a file not opened under this identity: %w", f.Path, l.Ordinal+1, watcher.ErrReopen)
 	}
 	if err := p.waitResync(ctx, st); err != nil {
 		return err

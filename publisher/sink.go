@@ -130,7 +130,9 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 		p.byConv[key] = f.ID
 		return key
 	}
-	if other, ok := p.files[owner]; !ok || other.gone || other.skipped || vanished(other.file) {
+	// The claim is stale when its file is gone, or when its inode number now belongs to
+	// another session (inode numbers are reused quickly after a rewrite).
+	if other, ok := p.files[owner]; !ok || other.conv.Key != key || other.gone || other.skipped || vanished(other.file) {
 		p.byConv[key] = f.ID
 		return key
 	}
@@ -138,7 +140,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 	alt := key + "~" + hex.EncodeToString(sum[:4])
 	p.m.clashes.Inc()
 	log.Warn("two local files carry one conversation id; mirroring this one under its own key",
-		zap.String("conversation", key), zap.String("key", alt))
+		zap.String("conversation", key), zap.String("key", alt), zap.String("other", p.files[owner].file.Path))
 	p.byConv[alt] = f.ID
 	return alt
 }

@@ -16,8 +16,10 @@ import (
 var ErrUnsafePath = errors.New("unsafe output path")
 
 // target is where one conversation's file goes: a root directory that every write is
-// confined to (through os.Root, which also refuses symbolic links leading out of it)
-// and a path relative to it.
+// confined to and a path relative to it. targetFor checks the path by its text; the
+// writes then go through os.Root, which resolves every element under the root
+// (openat-style) and refuses a symbolic link leading out of it, also one that appears
+// between the check and the write.
 type target struct {
 	root string // absolute, clean
 	rel  string // local to root: no "..", not absolute
@@ -35,14 +37,14 @@ func targetFor(p *Plan, out string) (target, error) {
 		if p.Root == "" {
 			return target{}, fmt.Errorf("%w: the mirror does not record the file's root; use --out DIR", ErrUnsafePath)
 		}
-		if !filepath.IsAbs(p.Root) {
+		if !filepath.IsAbs(p.Root) || strings.ContainsRune(p.Root, 0) {
 			return target{}, fmt.Errorf("%w: the recorded root %q is not absolute; use --out DIR", ErrUnsafePath, p.Root)
 		}
 		rel := filepath.FromSlash(p.Source)
 		if err := checkRel(rel); err != nil {
 			return target{}, fmt.Errorf("%w: source path %q: %v", ErrUnsafePath, p.Source, err)
 		}
-		return target{root: filepath.Clean(p.Root), rel: rel}, nil
+		return confined(filepath.Clean(p.Root), rel)
 	}
 	root, err := filepath.Abs(out)
 	if err != nil {
@@ -62,21 +64,44 @@ func targetFor(p *Plan, out string) (target, error) {
 	if err := checkRel(rel); err != nil {
 		return target{}, fmt.Errorf("%w: %q: %v", ErrUnsafePath, rel, err)
 	}
-	return target{root: root, rel: rel}, nil
+	return confined(root, rel)
 }
 
-// checkRel accepts a path that stays under its root and names a session file.
+// confined is the target rel under root, checked once more as a whole: whatever the
+// checks above let through, a path that is not strictly below root is refused.
+func confined(root, rel string) (target, error) {
+	t := target{root: root, rel: rel}
+	p := t.path()
+	if !filepath.IsAbs(root) || !filepath.IsLocal(rel) || !strings.HasPrefix(p, strings.TrimSuffix(root, string(filepath.Separator))+string(filepath.Separator)) {
+		return target{}, fmt.Errorf("%w: %q is not below %q", ErrUnsafePath, p, root)
+	}
+	return t, nil
+}
+
+// checkRel accepts a path that stays under its root, written the one clean way (no
+// ".", ".." or empty elements, which a recorded path never has), with elements a file
+// system takes, naming a session file.
 func checkRel(rel string) error {
 	switch {
 	case !filepath.IsLocal(rel):
 		return errors.New("leaves the root (absolute, empty or with \"..\")")
+	case rel != filepath.Clean(rel):
+		return errors.New("is not a clean path (\".\", \"..\" or empty elements)")
 	case strings.ContainsRune(rel, 0):
 		return errors.New("contains a NUL byte")
 	case !strings.HasSuffix(rel, ".jsonl"):
 		return errors.New("is not a .jsonl file")
 	}
+	for _, e := range strings.Split(rel, string(filepath.Separator)) {
+		if len(e) > maxNameLen {
+			return errors.New("has an element longer than a file name may be")
+		}
+	}
 	return nil
 }
+
+// maxNameLen is the longest file name the usual file systems take (NAME_MAX).
+const maxNameLen = 255
 
 // checkElem accepts one path element: no separator, not "." or "..".
 func checkElem(e string) error {
@@ -85,7 +110,7 @@ func checkElem(e string) error {
 		return errors.New("not a file name")
 	case strings.ContainsAny(e, `/\`+"\x00"):
 		return errors.New("contains a path separator or NUL")
-	case len(e) > 255:
+	case len(e) > maxNameLen:
 		return errors.New("longer than a file name may be")
 	}
 	return nil

@@ -23,7 +23,7 @@ import (
 )
 
 var (
-	chaosSeed = flag.Uint64("chaos.seed", 0, "seed of the chaos test (0: from the clock)")
+	chaosSeed = flag.Uint64("chaos.seed", 20261130, "seed of the chaos and SIGKILL tests (0: from the clock)")
 	chaosFor  = flag.Duration("chaos.for", time.Minute, "how long the chaos test injects faults")
 )
 

@@ -250,8 +250,11 @@ func TestSIGKILLExactlyOnce(t *testing.T) {
 		t.Skip("30 kills")
 	}
 	bin := pisyncBinary(t)
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := *chaosSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (reproduce with -args -chaos.seed=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 11))
 	srv := natstest.Run(t)
 	root, state := t.TempDir(), t.TempDir()

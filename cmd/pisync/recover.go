@@ -227,7 +227,7 @@ func openMirror(ctx context.Context, c *connFlags, name string, stderr io.Writer
 	if err != nil {
 		return nil, mirror.Owner{}, nil, err
 	}
-	nc, err := connect(ctx, c.url(), name, c.connectTO, log, nil, nats.CustomInboxPrefix(owner.InboxPrefix()))
+	nc, err := c.connect(ctx, name, c.connectTO, log, nil, nats.CustomInboxPrefix(owner.InboxPrefix()))
 	if err != nil {
 		gate.close()
 		return nil, mirror.Owner{}, nil, fmt.Errorf("%w (is pisync run up, or --nats set?)", err)

@@ -111,10 +111,12 @@ type daemon struct {
 }
 
 func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
-	d = &daemon{f: f, log: log, reg: newRegistry()}
+	log = withRecentLog(log) // the status page lists the most recent warnings and errors
+	started := &daemon{f: f, log: log, reg: newRegistry()}
+	d = started
 	defer func() {
 		if err != nil {
-			d.abort()
+			started.abort() // not d: the error returns set it to nil
 		}
 	}()
 	names, err := mirror.NewNames(f.conn.prefix)
@@ -129,12 +131,12 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		return nil, fmt.Errorf("create state directory %s: %w", f.conn.stateDir, err)
 	}
 	if f.conn.natsURL == "" {
-		if d.embedded, err = startEmbedded(f.conn.natsListen, f.conn.stateDir, log); err != nil {
+		if d.embedded, err = f.conn.startEmbedded(log); err != nil {
 			return nil, err
 		}
 	}
 	nm := newNATSMetrics(d.reg)
-	if d.nc, err = connect(ctx, f.conn.url(), "pisync run "+f.host, 0, log, nm,
+	if d.nc, err = f.conn.connect(ctx, "pisync run "+f.host, 0, log, nm,
 		nats.CustomInboxPrefix(owner.InboxPrefix())); err != nil {
 		return nil, err
 	}
