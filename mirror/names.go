@@ -66,11 +66,11 @@ type Owner struct {
 func NewOwner(tenant, owner string) (Owner, error) {
 	t, err := EncodeToken(tenant)
 	if err != nil {
-		return Owner{}, fmt.Errorf("tenant %q: %w", tenant, err)
+		return Owner{}, fmt.Errorf("tenant %q: %w", shorten(tenant), err)
 	}
 	o, err := EncodeToken(owner)
 	if err != nil {
-		return Owner{}, fmt.Errorf("owner %q: %w", owner, err)
+		return Owner{}, fmt.Errorf("owner %q: %w", shorten(owner), err)
 	}
 	return Owner{Tenant: tenant, Name: owner, tenant: t, owner: o}, nil
 }
@@ -96,7 +96,7 @@ type Conv struct {
 func NewConv(o Owner, key string) (Conv, error) {
 	k, err := EncodeToken(key)
 	if err != nil {
-		return Conv{}, fmt.Errorf("conversation %q: %w", key, err)
+		return Conv{}, fmt.Errorf("conversation %q: %w", shorten(key), err)
 	}
 	return Conv{Owner: o, Key: key, key: k}, nil
 }
@@ -126,4 +126,13 @@ func (o Owner) ObjectName(sha256hex string) string {
 func ValidEntryID(id string) bool {
 	_, err := EncodeToken(id)
 	return err == nil && strings.IndexFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }) < 0
+}
+
+// shorten keeps an error message readable when a name is thousands of bytes long.
+func shorten(s string) string {
+	const keep = 64
+	if len(s) <= keep {
+		return s
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:keep], len(s))
 }

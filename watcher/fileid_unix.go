@@ -8,8 +8,9 @@ import (
 )
 
 // openFlags open a session file for reading; O_NONBLOCK keeps a FIFO that replaced the
-// file between stat and open from blocking the worker.
-const openFlags = os.O_RDONLY | syscall.O_NONBLOCK
+// file between stat and open from blocking the worker, and O_NOFOLLOW refuses a symbolic
+// link swapped in there (which could point out of the root).
+const openFlags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
 
 // fileIDOf returns the device and inode of fi.
 func fileIDOf(fi os.FileInfo) FileID {

@@ -119,6 +119,19 @@ func TestHTTPReadyzBeforeFirstScan(t *testing.T) {
 	}
 	d := &daemon{nc: nc, watch: w, log: zaptest.NewLogger(t)}
 	h := d.httpHandler()
+	get0 := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, strings.TrimSpace(rec.Body.String())
+	}
+	// Before every part has started (NATS still being dialled), not ready but alive.
+	if code, body := get0("/readyz"); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "starting") {
+		t.Fatalf("/readyz while starting: %d %q", code, body)
+	}
+	if code, _ := get0("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while starting: %d", code)
+	}
+	d.up.Store(true)
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))

@@ -108,6 +108,9 @@ Usage:
   pisync verify [--root DIR]... [--host NAME] [--json]
   pisync version
 
+Every command reaches NATS with --nats URL (default: the embedded server on --nats-listen),
+--tenant, --owner, and --nats-user/--nats-password, --nats-token, --nats-nkey FILE,
+--nats-creds FILE, --tls-ca FILE, --tls-cert FILE, --tls-key FILE, --tls-server-name NAME.
 Every flag also reads a PISYNC_* environment variable (--state-dir: PISYNC_STATE_DIR).
 Run 'pisync COMMAND -h' for the flags of a command.
 `

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -108,6 +109,7 @@ type daemon struct {
 	watchDone    chan error
 	verifyCancel context.CancelFunc
 	verifyDone   chan struct{}
+	up           atomic.Bool // every part started: HTTP handlers may use them
 }
 
 func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
@@ -129,6 +131,14 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	}
 	if err := os.MkdirAll(f.conn.stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w", f.conn.stateDir, err)
+	}
+	secureStateDir(log, f.conn.stateDir)
+	// HTTP first: /healthz answers (and /readyz says why not) while NATS is retried, so
+	// that a liveness probe does not restart a daemon that is only waiting.
+	if f.httpAddr != "" {
+		if d.http, err = startHTTP(f.httpAddr, d); err != nil {
+			return nil, err
+		}
 	}
 	if f.conn.natsURL == "" {
 		if d.embedded, err = f.conn.startEmbedded(log); err != nil {
@@ -190,11 +200,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	if err := d.startVerifier(js, names, owner); err != nil {
 		return nil, err
 	}
-	if f.httpAddr != "" {
-		if d.http, err = startHTTP(f.httpAddr, d); err != nil {
-			return nil, err
-		}
-	}
+	d.up.Store(true)
 	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redactURL(f.conn.url())),
 		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
 	go func() {
@@ -263,6 +269,9 @@ func (d *daemon) stopVerifier() {
 
 // ready reports whether NATS is reachable and the first scan is done.
 func (d *daemon) ready() (bool, string) {
+	if !d.up.Load() {
+		return false, "starting: connecting to NATS"
+	}
 	if d.nc == nil || !d.nc.IsConnected() {
 		return false, "NATS not connected"
 	}

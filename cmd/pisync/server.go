@@ -40,7 +40,6 @@ func (c *connFlags) startEmbedded(log *zap.Logger) (*server.Server, error) {
 		log.Warn("the embedded nats-server listens on a non-loopback address without authentication or TLS: whoever reaches it can read and change every mirrored session",
 			zap.String("listen", c.natsListen))
 	}
-	warnOpenDir(log, c.stateDir)
 	store := filepath.Join(c.stateDir, "jetstream")
 	if err := os.MkdirAll(store, 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", store, err)
@@ -79,13 +78,20 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// warnOpenDir warns when the state directory is open to other users: it holds the
-// embedded server's store, a copy of every mirrored session.
-func warnOpenDir(log *zap.Logger, dir string) {
-	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		log.Warn("the state directory is accessible by other users and holds a copy of every mirrored session; chmod 700 it",
-			zap.String("path", dir), zap.String("mode", fmt.Sprintf("%#o", fi.Mode().Perm())))
+// secureStateDir makes the state directory private (0700): it holds checkpoints and,
+// with the embedded server, a copy of every mirrored session. It warns only when it
+// cannot (a directory owned by someone else).
+func secureStateDir(log *zap.Logger, dir string) {
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return
 	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		log.Warn("the state directory is accessible by other users and holds a copy of every mirrored session; chmod 700 it",
+			zap.String("path", dir), zap.String("mode", fmt.Sprintf("%#o", fi.Mode().Perm())), zap.Error(err))
+		return
+	}
+	log.Info("state directory made private", zap.String("path", dir), zap.String("was", fmt.Sprintf("%#o", fi.Mode().Perm())))
 }
 
 // natsMetrics describe the connection.

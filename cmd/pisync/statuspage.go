@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/base64"
 	"fmt"
+	"github.com/pisync/pisync/publisher"
 	"html/template"
 	"math"
 	"path/filepath"
@@ -79,8 +80,12 @@ type verifyStatus struct {
 func (d *daemon) status() statusDoc {
 	now := time.Now()
 	ok, why := d.ready()
-	p := d.pub.Progress()
-	oldest := d.pub.OldestUnackedByRoot()
+	p := publisher.Progress{Roots: map[string]*publisher.RootProgress{}}
+	var oldest map[string]time.Time
+	if d.up.Load() { // before, the daemon is still connecting: nothing to report yet
+		p = d.pub.Progress()
+		oldest = d.pub.OldestUnackedByRoot()
+	}
 	doc := statusDoc{Version: version, Ready: ok, Reason: why, Tenant: d.f.conn.tenant, Owner: d.f.conn.owner,
 		Host: d.f.host, NATS: d.natsStatus(), InFlight: p.InFlight, Time: now.UTC()}
 	if !p.OldestUnacked.IsZero() {
@@ -146,8 +151,8 @@ func (rs *rootState) percents() {
 }
 
 func (d *daemon) natsStatus() natsStatus {
-	s := natsStatus{URL: redactURL(d.f.conn.url()), Embedded: d.embedded != nil, State: "not connected"}
-	if d.nc == nil {
+	s := natsStatus{URL: redactURL(d.f.conn.url()), Embedded: d.f.conn.natsURL == "", State: "connecting"}
+	if !d.up.Load() {
 		return s
 	}
 	s.Connected = d.nc.IsConnected()
