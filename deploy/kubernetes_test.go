@@ -174,8 +174,8 @@ func TestKubernetesSidecar(t *testing.T) {
 	if args := fmt.Sprint(list(pisync, "args")); state == "" || !strings.Contains(args, "--state-dir "+state) {
 		t.Errorf("the state directory (%q) is not mounted where --state-dir points (%s)", state, args)
 	}
-	if ca := env["SSL_CERT_FILE"]; ca != "" && !strings.HasPrefix(ca, str(pm["nats-ca"], "mountPath")+"/") {
-		t.Errorf("SSL_CERT_FILE %q is not in the mounted CA secret", ca)
+	if ca := env["PISYNC_TLS_CA"]; ca != "" && !strings.HasPrefix(ca, str(pm["nats-ca"], "mountPath")+"/") {
+		t.Errorf("PISYNC_TLS_CA %q is not in the mounted CA secret", ca)
 	}
 
 	// PodMonitor: selects the pods and scrapes the named port.

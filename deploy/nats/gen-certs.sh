@@ -11,7 +11,7 @@
 # Result, per node, to copy to that node's /etc/nats/tls/ (the paths common.conf and
 # cluster.conf use):
 #   OUT_DIR/<node>/ca.pem  OUT_DIR/<node>/server-cert.pem  OUT_DIR/<node>/server-key.pem
-# and OUT_DIR/ca.pem for the clients (pisync: SSL_CERT_FILE, see deploy/systemd).
+# and OUT_DIR/ca.pem for the clients (pisync: --tls-ca / PISYNC_TLS_CA, see deploy/systemd).
 # The CA key stays in OUT_DIR/ca-key.pem: keep it offline or delete it.
 # Each certificate is valid for <node>.<DOMAIN>, localhost and 127.0.0.1, for server and
 # client use (routes authenticate each other with it).
