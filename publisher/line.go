@@ -195,8 +195,11 @@ func entryType(it *item) string {
 func (p *Publisher) enqueueResolved(st *fileState, it *item) error {
 	st.mu.Lock()
 	st.queue = append(st.queue, it)
-	released, _ := st.advance()
+	released, moved := st.advance()
 	st.mu.Unlock()
+	if moved > 0 {
+		p.noteDirty(st)
+	}
 	p.release(released)
 	return nil
 }
@@ -278,8 +281,11 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 		return
 	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
-	released, _ := st.advance()
+	released, moved := st.advance()
 	st.mu.Unlock()
+	if moved > 0 {
+		p.noteDirty(st)
+	}
 	p.releaseSlot()
 	p.release(released)
 	if ack.Duplicate {
@@ -426,8 +432,11 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		}
 		resend = append(resend, it)
 	}
-	released, _ := st.advance()
+	released, moved := st.advance()
 	st.mu.Unlock()
+	if moved > 0 {
+		p.noteDirty(st)
+	}
 	p.release(released)
 	// Ends the pause before resending: a resend that fails starts a new reconciliation.
 	p.endResync(st)

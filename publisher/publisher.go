@@ -72,7 +72,12 @@ type Publisher struct {
 	commitFailures int          // consecutive, for rate-limited logging (commitLoop only)
 	headFailures   atomic.Int64 // consecutive, for rate-limited logging
 
+	dirtyMu   sync.Mutex // guards the two sets below; taken after a file's mutex, never before
+	dirtyCP   map[*fileState]struct{}
+	dirtyHead map[*fileState]struct{}
+
 	mu     sync.Mutex
+	byPath map[string]watcher.FileID // root + "\x00" + rel → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
 }
@@ -113,7 +118,9 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		acks:    make(chan pending, opts.WindowMessages),
 		closing: make(chan struct{}),
 		files:   map[watcher.FileID]*fileState{},
-		byConv:  map[string]watcher.FileID{},
+		byPath:  map[string]watcher.FileID{},
+		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
+		byConv: map[string]watcher.FileID{},
 	}
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}
@@ -241,9 +248,31 @@ func (p *Publisher) snapshotFiles() []*fileState {
 	return out
 }
 
+// noteDirty queues st for the next checkpoint commit and head update: the flush loops
+// then touch only the files whose frontier moved, not every file known (100k on a big
+// host, most of them idle).
+func (p *Publisher) noteDirty(st *fileState) {
+	p.dirtyMu.Lock()
+	p.dirtyCP[st] = struct{}{}
+	p.dirtyHead[st] = struct{}{}
+	p.dirtyMu.Unlock()
+}
+
+// takeDirty returns and clears one of the dirty sets.
+func (p *Publisher) takeDirty(set *map[*fileState]struct{}) []*fileState {
+	p.dirtyMu.Lock()
+	defer p.dirtyMu.Unlock()
+	out := make([]*fileState, 0, len(*set))
+	for st := range *set {
+		out = append(out, st)
+	}
+	*set = make(map[*fileState]struct{}, len(out))
+	return out
+}
+
 // stageCheckpoints stages the record of every file whose frontier moved.
 func (p *Publisher) stageCheckpoints() {
-	for _, st := range p.snapshotFiles() {
+	for _, st := range p.takeDirty(&p.dirtyCP) {
 		st.mu.Lock()
 		if st.cpDirty {
 			st.cpDirty = false
@@ -261,7 +290,7 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 		head mirror.Head
 	}
 	var jobs []job
-	for _, st := range p.snapshotFiles() {
+	for _, st := range p.takeDirty(&p.dirtyHead) {
 		st.mu.Lock()
 		if st.headDirty && st.acked.StreamSeq > 0 {
 			st.headDirty = false
@@ -287,6 +316,9 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 				j.st.mu.Lock()
 				j.st.headDirty = true
 				j.st.mu.Unlock()
+				p.dirtyMu.Lock()
+				p.dirtyHead[j.st] = struct{}{}
+				p.dirtyMu.Unlock()
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()

@@ -113,6 +113,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	p.mu.Lock()
 	p.files[f.ID] = st
+	p.byPath[pathKey(f)] = f.ID
 	p.mu.Unlock()
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
 		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Int("held", len(st.held)))
@@ -150,27 +151,27 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 // conversation key passes to the new file instead of looking like a copy.
 func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	p.mu.Lock()
-	var stale []*fileState
-	for id, st := range p.files {
-		if id != f.ID && st.file.Root == f.Root && st.file.Rel == f.Rel {
-			stale = append(stale, st)
-		}
+	id, known := p.byPath[pathKey(f)]
+	old := p.files[id]
+	p.mu.Unlock()
+	if !known || id == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
+		return nil
+	}
+	if err := p.waitQueueEmpty(ctx, old); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	delete(p.files, old.file.ID)
+	if p.byConv[old.conv.Key] == old.file.ID {
+		delete(p.byConv, old.conv.Key)
 	}
 	p.mu.Unlock()
-	for _, old := range stale {
-		if err := p.waitQueueEmpty(ctx, old); err != nil {
-			return err
-		}
-		p.mu.Lock()
-		delete(p.files, old.file.ID)
-		if p.byConv[old.conv.Key] == old.file.ID {
-			delete(p.byConv, old.conv.Key)
-		}
-		p.mu.Unlock()
-		p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
-	}
+	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
 	return nil
 }
+
+// pathKey identifies a file's place in the roots.
+func pathKey(f watcher.File) string { return f.Root + "\x00" + f.Rel }
 
 // vanished reports whether f is no longer at its path (the watcher reports Gone only
 // after a grace period, in case the file was moved).
@@ -218,6 +219,7 @@ func (p *Publisher) Gone(f watcher.File) {
 	st.torn = 0
 	st.cpDirty, st.headDirty = true, true
 	st.mu.Unlock()
+	p.noteDirty(st)
 	p.log.Info("session file removed; its mirror copy stays", zap.String("path", f.Path))
 }
 

@@ -79,14 +79,19 @@ func readStream(t testing.TB, nc *nats.Conn) []streamMsg {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	// A cluster that just lost or regained a node may answer "no responders" a moment.
+	waitFor(t, 30*time.Second, "stream info", func() (bool, string) {
+		var err error
+		if s, err = js.Stream(ctx, mirror.DefaultNames().Stream()); err != nil {
+			return false, err.Error()
+		}
+		if info, err = s.Info(ctx); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
 	if info.State.Msgs == 0 {
 		return nil
 	}
@@ -229,12 +234,19 @@ func newReader(t testing.TB, nc *nats.Conn, tenant, owner string) *mirror.Reader
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := mirror.NewReader(ctx, js, mirror.DefaultNames(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Right after a cluster node was killed the JetStream API may answer "no responders"
+	// for a moment: retry until the deadline.
+	var r *mirror.Reader
+	waitFor(t, 30*time.Second, "the mirror's read API", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		r, err = mirror.NewReader(ctx, js, mirror.DefaultNames(), o)
+		if err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
 	return r
 }
 
