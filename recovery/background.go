@@ -37,7 +37,9 @@ func (b *Background) Run(ctx context.Context) {
 		b.Logger = zap.NewNop()
 	}
 	pace := time.Duration(float64(time.Second) / max(b.Rate, 0.01))
-	timer := time.NewTimer(0)
+	// The first pass waits one interval too: at start-up the daemon is busy back-filling,
+	// and an idle host should cost nothing until verification is due.
+	timer := time.NewTimer(b.Interval)
 	defer timer.Stop()
 	for {
 		select {
