@@ -1,50 +1,46 @@
-// Package bench measures pisync against raw JetStream publishing in the same run, so that
-// every figure is a ratio to the ceiling on the machine at hand. See README.md.
 package bench
 
 import (
-	"os"
 	"testing"
-	"time"
 )
 
-const window = 1024
-
-// BenchmarkBackfill mirrors the back-fill workload from start to fully acknowledged, and
-// publishes exactly the same payloads and headers raw on a fresh server of the same kind,
-// reporting both throughputs and their ratio.
+// BenchmarkBackfill is item 1 of the suite: -sessions × -entries realistic lines (see
+// lineSize) mirrored from start to fully acknowledged, against raw async publishing of
+// exactly the same messages on a fresh server of the same kind. Target ratio ≥ 0.8.
 func BenchmarkBackfill(b *testing.B) {
-	w := backfillWorkload(b)
-	var rawTime, pisyncTime time.Duration
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		srv, _, js := server(b)
-		b.StartTimer()
-		start := time.Now()
-		rawPublish(b, js, w, window)
-		rawTime += time.Since(start)
-		b.StopTimer()
-		srv.Stop()
-
-		_, nc, _ := server(b)
-		b.StartTimer()
-		start = time.Now()
-		pisyncBackfill(b, nc, w, window)
-		pisyncTime += time.Since(start)
-	}
-	n := float64(b.N)
-	rawSec, pisyncSec := rawTime.Seconds()/n, pisyncTime.Seconds()/n
-	b.ReportMetric(float64(w.lines)/pisyncSec, "entries/s")
-	b.ReportMetric(float64(w.bytes)/pisyncSec/1e6, "MB/s")
-	b.ReportMetric(float64(w.lines)/rawSec, "raw-entries/s")
-	b.ReportMetric(float64(w.bytes)/rawSec/1e6, "raw-MB/s")
-	b.ReportMetric(rawSec/pisyncSec, "ratio")
+	w := getWorkload(b, backfillSpec(*flagSessions, *flagEntries))
+	benchBackfill(b, "backfill", w, 1)
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if theWorkload.root != "" {
-		os.RemoveAll(theWorkload.root)
+// BenchmarkBackfillSmall is issue 2's back-fill: -small-sessions × -small-entries.
+// Target ratio ≥ 0.6.
+func BenchmarkBackfillSmall(b *testing.B) {
+	w := getWorkload(b, backfillSpec(*flagSmallSess, *flagSmallEntries))
+	benchBackfill(b, "backfill-small", w, 1)
+}
+
+// BenchmarkBackfillCluster is item 7: the back-fill of item 1 against a 3-node cluster
+// on loopback with R3 stream, buckets and object store, as a ratio to raw R3 publishing.
+func BenchmarkBackfillCluster(b *testing.B) {
+	n := *flagClusterSess
+	if n == 0 {
+		n = *flagSessions
 	}
-	os.Exit(code)
+	w := getWorkload(b, backfillSpec(n, *flagEntries))
+	benchBackfill(b, "backfill-cluster", w, 3)
+}
+
+func benchBackfill(b *testing.B, name string, w *workload, replicas int) {
+	var sum backfillResult
+	for range b.N {
+		r := runBackfill(b, name, w, replicas, *flagWindow)
+		sum.pisync += r.pisync
+		sum.raw += r.raw
+		sum.others += r.others
+	}
+	sum.others /= float64(b.N)
+	sum.pisync /= timeDiv(b.N)
+	sum.raw /= timeDiv(b.N)
+	reportBackfill(b, w, sum)
+	reportWorkload(b, w)
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -77,9 +76,18 @@ type ScanOptions struct {
 	HeadersOnly bool   // metadata only: what the resume protocol needs
 }
 
+// scanBatch is the most messages one pull of Scan asks for: what Scan holds ahead of fn.
+const scanBatch = 512
+
 // Scan calls fn for each message of conversation c from opts.FromSeq on, in stream order,
 // up to the newest message at the time of the call. Messages that are not pisync lines are
 // skipped. It reads through an ordered consumer filtered on the conversation's subject.
+//
+// An empty conversation costs one direct get and no consumer. Otherwise the consumer's
+// creation counts the messages to read, so that a short conversation is read with one
+// pull of just its messages, and the consumer is deleted as soon as they are read: a
+// scan does not hold one of the stream's consumers (1,000 per stream by default) until
+// its pull requests and then its inactivity threshold expire.
 func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg) error) error {
 	last, err := r.LastSeq(ctx, c)
 	if err != nil {
@@ -95,13 +103,21 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 		OptStartSeq:    from,
 		HeadersOnly:    opts.HeadersOnly,
 		// A scan is over in moments; its consumer must not linger and count against
-		// the stream's consumer limit (readers may not hold the right to delete it).
+		// the stream's consumer limit should the delete below not reach the server.
 		InactiveThreshold: scanConsumerIdle,
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: create consumer: %w", c.Key, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	defer r.deleteConsumer(cons)
+	left := uint64(scanBatch)
+	if info := cons.CachedInfo(); info != nil {
+		left = info.NumPending // from `from` on, when the consumer was created
+	}
+	if left == 0 {
+		return nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(left, scanBatch))))
 	if err != nil {
 		return fmt.Errorf("read %s: %w", c.Key, err)
 	}
@@ -128,6 +144,28 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 			return nil
 		}
 	}
+}
+
+// deleteConsumer asks the server to delete a scan's consumer, without waiting for the
+// answer: the inactivity threshold removes it anyway should the request be lost (or not
+// be allowed).
+func (r *Reader) deleteConsumer(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	_ = r.js.Conn().Publish(apiPrefix(r.js.Options())+"CONSUMER.DELETE."+r.names.Stream()+"."+info.Name, nil)
+}
+
+// apiPrefix is the JetStream API prefix the client uses (as nats.go derives it).
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // Generation holds the messages of one generation of a conversation in ordinal order.
@@ -197,40 +235,48 @@ func (r *Reader) Head(ctx context.Context, c Conv) (Head, uint64, error) {
 	return h, e.Revision(), nil
 }
 
-// Heads lists the heads of every conversation of the reader's owner, ordered by key.
+// Heads lists the heads of every conversation of the reader's owner, ordered by key. It
+// reads them with one watch of the owner's keys, which delivers each key's value, rather
+// than listing the keys and getting each (a round trip per conversation).
 func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
 	prefix := r.owner.KeyPrefix()
-	lister, err := r.heads.ListKeysFiltered(ctx, prefix+"*")
+	w, err := r.heads.WatchFiltered(ctx, []string{prefix + "*"}, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("list heads: %w", err)
 	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
+	defer w.Stop() //nolint:errcheck // the watch is over either way
+	type keyed struct {
+		key  string
+		head Head
 	}
-	// The lister stops itself once every key is delivered; stopping it again only says
-	// so (ErrBadSubscription).
-	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) && !errors.Is(err, nats.ErrBadSubscription) {
-		return nil, fmt.Errorf("list heads: %w", err)
-	}
-	sort.Strings(keys)
-	heads := make([]Head, 0, len(keys))
-	for _, k := range keys {
-		e, err := r.heads.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // deleted between list and get
+	var all []keyed
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list heads: %w", ctx.Err())
+		case u, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("list heads: the watch ended early")
+			}
+			e = u
 		}
-		if err != nil {
-			return nil, fmt.Errorf("head %s: %w", k, err)
+		if e == nil { // every key's current value is delivered
+			break
+		}
+		if !strings.HasPrefix(e.Key(), prefix) {
+			continue
 		}
 		h, err := DecodeHead(e.Value())
 		if err != nil {
-			return nil, fmt.Errorf("head %s: %w", k, err)
+			return nil, fmt.Errorf("head %s: %w", e.Key(), err)
 		}
-		if !strings.HasPrefix(k, prefix) {
-			continue
-		}
-		heads = append(heads, h)
+		all = append(all, keyed{e.Key(), h})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
+	heads := make([]Head, len(all))
+	for i, k := range all {
+		heads[i] = k.head
 	}
 	return heads, nil
 }

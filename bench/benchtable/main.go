@@ -1,0 +1,402 @@
+// Command benchtable turns the output of the benchmark suite (go test -bench, run by
+// bench/run.sh) into bench/RESULTS.md: for each figure the median of the runs and their
+// spread (minimum to maximum), next to the target the issue sets. Nothing in the tables
+// is typed by hand; the notes after the notes marker of an existing RESULTS.md are kept.
+//
+//	go run ./bench/benchtable -in bench-output.txt -out bench/RESULTS.md -command 'bench/run.sh'
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// notesMarker starts the hand-written part of RESULTS.md, kept across regenerations.
+const notesMarker = "<!-- notes: everything below this line is kept when the tables are regenerated -->"
+
+func main() {
+	in := flag.String("in", "", "benchmark output (default: standard input)")
+	out := flag.String("out", "", "RESULTS.md to write (default: standard output)")
+	command := flag.String("command", "bench/run.sh", "the command that reproduces the results")
+	flag.Parse()
+	var r io.Reader = os.Stdin
+	if *in != "" {
+		f, err := os.Open(*in)
+		if err != nil {
+			fatal(err)
+		}
+		defer f.Close()
+		r = f
+	}
+	res, err := parse(r)
+	if err != nil {
+		fatal(err)
+	}
+	notes := ""
+	if *out != "" {
+		if old, err := os.ReadFile(*out); err == nil {
+			if i := strings.Index(string(old), notesMarker); i >= 0 {
+				notes = string(old[i+len(notesMarker):])
+			}
+		}
+	}
+	doc := render(res, *command) + notesMarker + notes
+	if !strings.HasSuffix(doc, "\n") {
+		doc += "\n"
+	}
+	if *out == "" {
+		fmt.Print(doc)
+		return
+	}
+	if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "benchtable:", err)
+	os.Exit(1)
+}
+
+// results are the parsed benchmark output.
+type results struct {
+	config map[string]string
+	order  []string                        // benchmark names in order of appearance
+	runs   map[string]map[string][]float64 // name → unit → one value per run
+}
+
+var (
+	benchLine  = regexp.MustCompile(`^(Benchmark\S+?)(-\d+)?\s+(\d+)\s+(.*)$`)
+	configLine = regexp.MustCompile(`^([a-z][a-z0-9._-]*):\s*(.*)$`)
+)
+
+func parse(r io.Reader) (*results, error) {
+	res := &results{config: map[string]string{}, runs: map[string]map[string][]float64{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if m := benchLine.FindStringSubmatch(line); m != nil {
+			name := strings.TrimPrefix(m[1], "Benchmark")
+			f := strings.Fields(m[4])
+			if len(f)%2 != 0 {
+				continue // a line broken by output of the benchmark itself
+			}
+			if res.runs[name] == nil {
+				res.runs[name] = map[string][]float64{}
+				res.order = append(res.order, name)
+			}
+			for i := 0; i+1 < len(f); i += 2 {
+				v, err := strconv.ParseFloat(f[i], 64)
+				if err != nil {
+					continue
+				}
+				res.runs[name][f[i+1]] = append(res.runs[name][f[i+1]], v)
+			}
+			continue
+		}
+		if m := configLine.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "ok ") {
+			if _, seen := res.config[m[1]]; !seen {
+				res.config[m[1]] = m[2]
+			}
+		}
+	}
+	return res, sc.Err()
+}
+
+// figure is one row of a table: a unit of a benchmark, its label and its target.
+type figure struct {
+	unit, label string
+	target      string  // "≥", "≤" or ""
+	bound       float64 // the target's value
+	note        string
+}
+
+// section is one case of the suite.
+type section struct {
+	title, bench, about string
+	figures             []figure
+}
+
+var sections = []section{
+	{"1. Back-fill", "Backfill",
+		"Every session file mirrored from the start to fully acknowledged, in process (watcher and publisher as `pisync run` wires them), against raw `PublishMsgAsync` of exactly the same messages (subjects, headers, bodies; blob payloads put into the object store first) on a fresh server with the same storage, same window. Side order alternates from run to run.",
+		[]figure{
+			{unit: "entries/s", label: "pisync, entries/s"},
+			{unit: "MB/s", label: "pisync, MB/s"},
+			{unit: "raw-entries/s", label: "raw JetStream, entries/s"},
+			{unit: "raw-MB/s", label: "raw JetStream, MB/s"},
+			{unit: "ratio", label: "ratio pisync / raw", target: "≥", bound: 0.8},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"1b. Back-fill, issue 2 workload", "BackfillSmall",
+		"The same measurement on 200 sessions × 500 entries (issue 2).",
+		[]figure{
+			{unit: "entries/s", label: "pisync, entries/s"},
+			{unit: "MB/s", label: "pisync, MB/s"},
+			{unit: "raw-entries/s", label: "raw JetStream, entries/s"},
+			{unit: "ratio", label: "ratio pisync / raw", target: "≥", bound: 0.6},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"2. Live latency", "LiveLatency",
+		"Files receiving appends (one open-append-close per line, 200 B to 8 KiB) at a fixed total rate; latency from just before the write to the acknowledgement reaching the publisher (recorded by wrapping its JetStream context). The floor is a synchronous raw publish of lines of the same sizes at the same rate on the same server.",
+		[]figure{
+			{unit: "p50-ms", label: "p50, ms", target: "≤", bound: 2},
+			{unit: "p99-ms", label: "p99, ms", target: "≤", bound: 10},
+			{unit: "p999-ms", label: "p99.9, ms"},
+			{unit: "max-ms", label: "max, ms"},
+			{unit: "raw-p50-ms", label: "raw publish p50, ms"},
+			{unit: "raw-p99-ms", label: "raw publish p99, ms"},
+			{unit: "samples", label: "lines measured"},
+			{unit: "late-writes", label: "writes over 1 ms behind schedule"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"3. Idle cost (daemon defaults)", "Idle/defaults",
+		"The daemon (`pisync run`, a child process) on session files it has mirrored, no writes, from 10 s after the back-fill: its CPU time over the window as % of one core (from /proc/<pid>/stat) and its resident memory (highest VmRSS sampled each second; VmHWM for the whole run, back-fill included). With the defaults the window holds one periodic rescan (every minute) and no background verification (first pass 10 min after start).",
+		[]figure{
+			{unit: "cpu-%", label: "CPU, % of one core", target: "≤", bound: 1},
+			{unit: "rss-MB", label: "RSS while idle, MB", target: "≤", bound: 60},
+			{unit: "peak-rss-MB", label: "peak RSS of the run (VmHWM), MB"},
+			{unit: "backfill-s", label: "back-fill before the window, s"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"3b. Idle cost during background verification", "Idle/verifying",
+		"The same while background verification runs (`--verify-interval 15s`: the window falls inside a pass). At the default 20 files/s a pass over 10,000 files takes 500 s, of every 600 s with the default interval: this is the daemon's cost most of the time.",
+		[]figure{
+			{unit: "cpu-%", label: "CPU, % of one core", target: "≤", bound: 1},
+			{unit: "rss-MB", label: "RSS while idle, MB", target: "≤", bound: 60},
+			{unit: "peak-rss-MB", label: "peak RSS of the run (VmHWM), MB"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"4. Memory: one big session file", "BigFile",
+		"One session file back-filled by the daemon (a child process): its peak resident memory (VmHWM).",
+		[]figure{
+			{unit: "peak-rss-MB", label: "peak RSS (VmHWM), MB", target: "≤", bound: 100},
+			{unit: "MB/s", label: "back-fill, MB/s"},
+			{unit: "backfill-s", label: "back-fill, s"},
+			{unit: "cpu-s", label: "daemon CPU time, s"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"6. Recovery", "Recovery",
+		"Every conversation of the back-fill workload, as the daemon mirrored it, rebuilt into files by the recovery package as `pisync recover --all --out DIR` does (default parallelism 4; heads listed, digests checked, atomic writes with fsync). Also without writing (`--dry-run`), and the ceiling: one ordered consumer reading every message of the owner. Lines per second, headers included.",
+		[]figure{
+			{unit: "entries/s", label: "recover, entries/s", target: "≥", bound: 100000, note: "issue 3: ≥ 50,000"},
+			{unit: "MB/s", label: "recover, MB/s"},
+			{unit: "dry-run-entries/s", label: "recover --dry-run, entries/s"},
+			{unit: "raw-read-entries/s", label: "raw read (one ordered consumer), entries/s"},
+			{unit: "ratio", label: "ratio recover / raw read"},
+			{unit: "dry-run-ratio", label: "ratio dry run / raw read"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+	{"7. Cluster back-fill (R3)", "BackfillCluster",
+		"The back-fill of item 1 against a 3-node cluster on loopback, in this process, with an R3 stream, bucket and object store; the ceiling is raw R3 publishing of the same messages.",
+		[]figure{
+			{unit: "entries/s", label: "pisync, entries/s"},
+			{unit: "MB/s", label: "pisync, MB/s"},
+			{unit: "raw-entries/s", label: "raw JetStream R3, entries/s"},
+			{unit: "raw-MB/s", label: "raw JetStream R3, MB/s"},
+			{unit: "ratio", label: "ratio pisync / raw"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
+}
+
+func render(res *results, command string) string {
+	var b strings.Builder
+	b.WriteString("# pisync benchmark results\n\n")
+	b.WriteString("Written by `bench/run.sh` (`go run ./bench/benchtable`) from the output of the benchmark suite; the numbers are not edited by hand. ")
+	b.WriteString("Each figure is the **median** of the runs, with the **spread** (lowest to highest run). What each case measures and how is in `bench/README.md`.\n\n")
+	fmt.Fprintf(&b, "To reproduce: `%s`\n\n", command)
+	b.WriteString("| machine | |\n|---|---|\n")
+	for _, k := range []string{"cpu", "cores", "memory", "kernel", "goos", "goarch", "go", "nats-server", "nats.go", "started", "load"} {
+		if v, ok := res.config[k]; ok {
+			fmt.Fprintf(&b, "| %s | %s |\n", k, v)
+		}
+	}
+	b.WriteString("\n")
+	for _, s := range sections {
+		runs := res.runs[s.bench]
+		if runs == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "## %s\n\n%s\n\n", s.title, s.about)
+		if w := workload(runs); w != "" {
+			fmt.Fprintf(&b, "Workload: %s.\n\n", w)
+		}
+		b.WriteString("| figure | median | spread | runs | target |\n|---|---:|---|---:|---|\n")
+		for _, f := range s.figures {
+			vs := runs[f.unit]
+			if len(vs) == 0 {
+				continue
+			}
+			med, lo, hi := stats(vs)
+			target := ""
+			if f.target != "" {
+				ok := (f.target == "≥" && med >= f.bound) || (f.target == "≤" && med <= f.bound)
+				verdict := "met"
+				if !ok {
+					verdict = "**missed**"
+				}
+				target = fmt.Sprintf("%s %s: %s", f.target, num(f.bound), verdict)
+			}
+			if f.note != "" {
+				target = strings.TrimPrefix(target+"; "+f.note, "; ")
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s – %s | %d | %s |\n", f.label, num(med), num(lo), num(hi), len(vs), target)
+		}
+		b.WriteString("\n")
+	}
+	scaling(&b, res)
+	return b.String()
+}
+
+// workload describes the constant figures of a case.
+func workload(runs map[string][]float64) string {
+	var parts []string
+	if v := runs["sessions"]; len(v) > 0 {
+		parts = append(parts, num(v[0])+" session files")
+	}
+	if v := runs["files"]; len(v) > 0 {
+		parts = append(parts, num(v[0])+" session files")
+	}
+	if v := runs["lines"]; len(v) > 0 {
+		parts = append(parts, num(v[0])+" lines")
+	}
+	if v := runs["workload-MB"]; len(v) > 0 {
+		parts = append(parts, num(v[0])+" MB")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// scaling renders item 5: one row per file count, and the growth from one count to the
+// next as a ratio to linear growth (≤ 1: no worse than linear).
+func scaling(b *strings.Builder, res *results) {
+	type row struct {
+		n    float64
+		runs map[string][]float64
+	}
+	var rows []row
+	for _, name := range res.order {
+		if n, ok := strings.CutPrefix(name, "Scaling/files="); ok {
+			v, err := strconv.ParseFloat(n, 64)
+			if err == nil {
+				rows = append(rows, row{v, res.runs[name]})
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].n < rows[j].n })
+	b.WriteString("## 5. Scaling\n\n")
+	b.WriteString("A fresh daemon (a child process) on N small session files (header and a few entries each, 100 per directory): the time until its watcher knows every file (`discovery`), until every byte is acknowledged (`mirrored`), and its peak resident memory (VmHWM). Median of the runs, spread in brackets.\n\n")
+	b.WriteString("| files | lines | discovery, s | mirrored, s | peak RSS, MB | entries/s | runs |\n|---:|---:|---|---|---|---:|---:|\n")
+	cell := func(vs []float64) string {
+		if len(vs) == 0 {
+			return ""
+		}
+		med, lo, hi := stats(vs)
+		return fmt.Sprintf("%s (%s – %s)", num(med), num(lo), num(hi))
+	}
+	for _, r := range rows {
+		lines := ""
+		if v := r.runs["lines"]; len(v) > 0 {
+			lines = num(v[0])
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %d |\n", num(r.n), lines, cell(r.runs["discovery-s"]), cell(r.runs["mirrored-s"]),
+			cell(r.runs["peak-rss-MB"]), cellMed(r.runs["entries/s"]), len(r.runs["mirrored-s"]))
+	}
+	if len(rows) > 1 {
+		b.WriteString("\nGrowth from one count to the next, as a ratio to linear growth (time or memory added, divided by what proportional growth would add; ≤ 1 is no worse than linear):\n\n")
+		b.WriteString("| from → to | discovery | mirrored | peak RSS above the smallest run |\n|---|---:|---:|---:|\n")
+		base, _, _ := stats(rows[0].runs["peak-rss-MB"])
+		for i := 1; i < len(rows); i++ {
+			p, q := rows[i-1], rows[i]
+			k := q.n / p.n
+			growth := func(unit string) string {
+				a, _, _ := stats(p.runs[unit])
+				c, _, _ := stats(q.runs[unit])
+				if a <= 0 {
+					return ""
+				}
+				return num((c / a) / k)
+			}
+			mem := ""
+			if i > 1 {
+				a, _, _ := stats(p.runs["peak-rss-MB"])
+				c, _, _ := stats(q.runs["peak-rss-MB"])
+				if a-base > 0 {
+					mem = num(((c - base) / (a - base)) / k)
+				}
+			}
+			fmt.Fprintf(b, "| %s → %s | %s | %s | %s |\n", num(p.n), num(q.n), growth("discovery-s"), growth("mirrored-s"), mem)
+		}
+	}
+	b.WriteString("\n")
+}
+
+func cellMed(vs []float64) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	med, _, _ := stats(vs)
+	return num(med)
+}
+
+// stats returns the median, lowest and highest value.
+func stats(vs []float64) (med, lo, hi float64) {
+	if len(vs) == 0 {
+		return math.NaN(), math.NaN(), math.NaN()
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
+}
+
+// num formats a figure with three significant digits, thousands separated.
+func num(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "—"
+	case v == 0:
+		return "0"
+	}
+	digits := 2 - int(math.Floor(math.Log10(math.Abs(v))))
+	if digits < 0 {
+		p := math.Pow(10, float64(-digits))
+		v = math.Round(v/p) * p
+		digits = 0
+	}
+	s := strconv.FormatFloat(v, 'f', digits, 64)
+	intPart, frac, _ := strings.Cut(s, ".")
+	neg := strings.HasPrefix(intPart, "-")
+	intPart = strings.TrimPrefix(intPart, "-")
+	var out []byte
+	for i, c := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, byte(c))
+	}
+	s = string(out)
+	if frac != "" {
+		s += "." + frac
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}

@@ -1,0 +1,307 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pisync/pisync/natstest"
+)
+
+// The daemon cases (idle, memory, scaling) run the real binary as a child process, so
+// that its CPU time and memory are its own: the nats-server stays in this process.
+
+var flagDaemonEnv = flag.String("daemon-env", "", "extra environment of the daemon, space-separated (GOGC=50 GOMEMLIMIT=48MiB …)")
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// pisyncBinary builds cmd/pisync once per process (or takes -pisync-bin).
+func pisyncBinary(tb testing.TB) string {
+	tb.Helper()
+	if *flagPisyncBin != "" {
+		return *flagPisyncBin
+	}
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pisync-bench-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		atExit(func() { os.RemoveAll(dir) })
+		binPath = filepath.Join(dir, "pisync")
+		cmd := exec.Command(goTool(), "build", "-o", binPath, "github.com/pisync/pisync/cmd/pisync")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/pisync: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		tb.Fatal(binErr)
+	}
+	return binPath
+}
+
+func goTool() string {
+	if p := filepath.Join(os.Getenv("GOROOT"), "bin", "go"); os.Getenv("GOROOT") != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return "go"
+}
+
+// daemonProc is a running `pisync run`.
+type daemonProc struct {
+	cmd     *exec.Cmd
+	addr    string // HTTP
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+// startDaemon runs `pisync run` on root against the NATS server at url, with its state
+// in a fresh directory; extra flags are appended.
+func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
+	tb.Helper()
+	bin := pisyncBinary(tb)
+	dir := tb.TempDir()
+	d := &daemonProc{addr: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(tb)),
+		logPath: filepath.Join(dir, "pisync.log"), exited: make(chan struct{})}
+	logf, err := os.Create(d.logPath)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	args := append([]string{"run", "--nats", url, "--root", root, "--state-dir", filepath.Join(dir, "state"),
+		"--http-addr", d.addr, "--tenant", benchTenant, "--owner", benchOwner, "--host", benchHost,
+		"--log-level", "warn"}, extra...)
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.Env = cleanEnv()
+	if *flagDaemonEnv != "" {
+		d.cmd.Env = append(d.cmd.Env, strings.Fields(*flagDaemonEnv)...)
+	}
+	if err := d.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() {
+		d.waitErr = d.cmd.Wait()
+		logf.Close()
+		close(d.exited)
+	}()
+	tb.Cleanup(func() { d.stop(tb) })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := d.get("/healthz"); err == nil {
+			return d
+		}
+		select {
+		case <-d.exited:
+			tb.Fatalf("pisync exited at start: %v\n%s", d.waitErr, d.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("pisync not serving HTTP after 30 s\n%s", d.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cleanEnv is this process's environment without PISYNC_* variables, which would
+// configure the daemon behind the benchmark's back.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PISYNC_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func (d *daemonProc) logTail() string {
+	b, _ := os.ReadFile(d.logPath)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// stop sends SIGTERM (graceful shutdown) and waits, killing after 30 s.
+func (d *daemonProc) stop(tb testing.TB) {
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		tb.Errorf("pisync did not stop within 30 s of SIGTERM\n%s", d.logTail())
+	}
+}
+
+func (d *daemonProc) get(path string) ([]byte, error) {
+	resp, err := http.Get("http://" + d.addr + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return b, err
+}
+
+// metrics scrapes /metrics and sums the series of each family asked for whose labels
+// contain the given text ("" for every series).
+func (d *daemonProc) metrics(families map[string]string) (map[string]float64, error) {
+	b, err := d.get("/metrics")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, labels := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name = line[:i]
+			if j := strings.LastIndexByte(line, '}'); line[i] == '{' && j > i {
+				labels = line[i:j]
+			}
+		}
+		filter, ok := families[name]
+		if !ok || !strings.Contains(labels, filter) {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			out[name] += v
+		}
+	}
+	return out, sc.Err()
+}
+
+// procStat is the daemon's CPU time (user + system, every thread) and memory.
+type procStat struct {
+	cpu      time.Duration
+	rss, hwm int64 // bytes: resident now, and its peak
+}
+
+func (d *daemonProc) stat(tb testing.TB) procStat {
+	tb.Helper()
+	pid := d.cmd.Process.Pid
+	var st procStat
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatalf("pisync is gone: %v\n%s", err, d.logTail())
+	}
+	// The fields after the command name (which may hold spaces) start with the state.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	st.cpu = time.Duration(utime+stime) * time.Second / clockTicks
+	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			st.rss = kb << 10
+		case "VmHWM:":
+			st.hwm = kb << 10
+		}
+	}
+	return st
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100 on every
+// Linux architecture Go supports.
+const clockTicks = 100
+
+func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// progress is what the daemon reports through /metrics.
+type progress struct {
+	files    float64 // files known to the watcher
+	mirrored float64 // bytes acknowledged
+}
+
+func (d *daemonProc) progress() (progress, error) {
+	m, err := d.metrics(map[string]string{"pisync_watcher_files": "", "pisync_session_bytes": `state="mirrored"`})
+	if err != nil {
+		return progress{}, err
+	}
+	return progress{files: m["pisync_watcher_files"], mirrored: m["pisync_session_bytes"]}, nil
+}
+
+// daemonRun is the timeline of a daemon mirroring a workload from its start.
+type daemonRun struct {
+	discovered time.Duration // every file known to the watcher
+	mirrored   time.Duration // every byte acknowledged
+	peakRSS    int64         // VmHWM when mirrored
+	cpu        time.Duration // CPU time until mirrored
+	others     float64       // % of the machine used by other processes
+}
+
+// waitMirrored polls the daemon until it knows files files and has mirrored bytes bytes.
+// The poll period grows with the elapsed time (1 %, at least 50 ms), so that scraping,
+// which walks the daemon's state, costs it little whatever the size.
+func (d *daemonProc) waitMirrored(tb testing.TB, start time.Time, files int, bytes int64, timeout time.Duration) daemonRun {
+	tb.Helper()
+	var r daemonRun
+	for {
+		p, err := d.progress()
+		if err != nil {
+			select {
+			case <-d.exited:
+				tb.Fatalf("pisync exited: %v\n%s", d.waitErr, d.logTail())
+			default:
+			}
+		}
+		now := time.Since(start)
+		if r.discovered == 0 && p.files >= float64(files) {
+			r.discovered = now
+		}
+		if p.mirrored >= float64(bytes) && r.discovered > 0 {
+			r.mirrored = now
+			st := d.stat(tb)
+			r.peakRSS, r.cpu = st.hwm, st.cpu
+			return r
+		}
+		if now > timeout {
+			tb.Fatalf("after %v: %+v of %d files, %d bytes\n%s", timeout, p, files, bytes, d.logTail())
+		}
+		time.Sleep(max(50*time.Millisecond, now/100))
+	}
+}

@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkIdle is item 3: -idle-files session files (-scale-entries entries each),
+// mirrored, then no writes for -idle-duration: the daemon's CPU time over that time as a
+// percentage of one core, and its resident memory (the highest sampled each second, and
+// the peak of the whole run, back-fill included). Targets: CPU ≤ 1 %, RSS ≤ 60 MB.
+//
+// With the daemon's defaults the window holds one periodic rescan and no background
+// verification (its first pass starts one interval, 10 min, after start). Background
+// verification checks 20 files a second by default, so for 10,000 files a pass takes
+// 500 s of every 600: the "verifying" variant starts it 15 s after start, so that the
+// window falls inside a pass.
+func BenchmarkIdle(b *testing.B) {
+	for _, v := range []struct {
+		name  string
+		flags []string
+	}{
+		{"defaults", nil},
+		{"verifying", []string{"--verify-interval", "15s"}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			for range b.N {
+				r := runIdle(b, *flagIdleFiles, *flagScaleEntries, *flagIdleDur, v.flags...)
+				b.ReportMetric(r.cpuPercent, "cpu-%")
+				b.ReportMetric(mb(r.idleRSS), "rss-MB")
+				b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
+				b.ReportMetric(r.backfill.Seconds(), "backfill-s")
+				b.ReportMetric(float64(r.files), "files")
+				b.ReportMetric(r.others, "others-cpu-%")
+			}
+		})
+	}
+}
+
+type idleResult struct {
+	files      int
+	backfill   time.Duration
+	cpuPercent float64
+	idleRSS    int64 // highest VmRSS sampled while idle
+	peakRSS    int64 // VmHWM at the end
+	others     float64
+}
+
+func runIdle(tb testing.TB, files, entries int, dur time.Duration, flags ...string) idleResult {
+	tb.Helper()
+	w := getWorkload(tb, filesSpec(files, entries))
+	pisyncBinary(tb) // built before the clock starts
+	t := newTarget(tb, 1)
+	defer t.close()
+	settle()
+	start := time.Now()
+	d := startDaemon(tb, t.url, w.root, flags...)
+	run := d.waitMirrored(tb, start, files, w.bytes, time.Hour)
+	// The back-fill's aftermath settles first: heads and checkpoints written (within a
+	// second), the heap collected and returned.
+	time.Sleep(min(10*time.Second, dur))
+	s0 := d.stat(tb)
+	load := startLoad()
+	t0 := time.Now()
+	r := idleResult{files: files, backfill: run.mirrored, idleRSS: s0.rss}
+	for time.Since(t0) < dur {
+		time.Sleep(min(time.Second, dur-time.Since(t0)))
+		r.idleRSS = max(r.idleRSS, d.stat(tb).rss)
+	}
+	s1 := d.stat(tb)
+	r.others = load.othersPercent(s1.cpu - s0.cpu)
+	r.cpuPercent = 100 * (s1.cpu - s0.cpu).Seconds() / time.Since(t0).Seconds()
+	r.peakRSS = s1.hwm
+	d.stop(tb)
+	return r
+}
+
+// BenchmarkBigFile is item 4: one session file of -big-mib MiB back-filled by the
+// daemon; its peak resident memory (VmHWM). Target ≤ 100 MB.
+func BenchmarkBigFile(b *testing.B) {
+	w := getWorkload(b, spec{name: "big", bigBytes: int64(*flagBigMiB) << 20, seed: 4})
+	for range b.N {
+		r := runDaemonBackfill(b, w)
+		b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
+		b.ReportMetric(float64(w.bytes)/r.mirrored.Seconds()/1e6, "MB/s")
+		b.ReportMetric(r.mirrored.Seconds(), "backfill-s")
+		b.ReportMetric(r.cpu.Seconds(), "cpu-s")
+		b.ReportMetric(r.others, "others-cpu-%")
+		reportWorkload(b, w)
+	}
+}
+
+// BenchmarkScaling is item 5: for each count in -scale, that many small sessions
+// (-scale-entries entries each) back-filled by a fresh daemon: the time until the
+// watcher knows every file, the time until every byte is acknowledged, and the peak
+// resident memory. RESULTS.md gives the growth from one count to the next.
+func BenchmarkScaling(b *testing.B) {
+	for _, n := range splitInts(*flagScale) {
+		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
+			w := getWorkload(b, filesSpec(n, *flagScaleEntries))
+			for range b.N {
+				r := runDaemonBackfill(b, w)
+				b.ReportMetric(r.discovered.Seconds(), "discovery-s")
+				b.ReportMetric(r.mirrored.Seconds(), "mirrored-s")
+				b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
+				b.ReportMetric(r.cpu.Seconds(), "cpu-s")
+				b.ReportMetric(float64(w.lines)/r.mirrored.Seconds(), "entries/s")
+				b.ReportMetric(r.others, "others-cpu-%")
+				reportWorkload(b, w)
+			}
+		})
+	}
+}
+
+// runDaemonBackfill starts a daemon on w against a fresh server and waits until every
+// byte is mirrored.
+func runDaemonBackfill(tb testing.TB, w *workload) daemonRun {
+	tb.Helper()
+	pisyncBinary(tb) // built before the clock starts
+	t := newTarget(tb, 1)
+	defer t.close()
+	settle()
+	load := startLoad()
+	start := time.Now()
+	d := startDaemon(tb, t.url, w.root)
+	r := d.waitMirrored(tb, start, len(w.files), w.bytes, 2*time.Hour)
+	r.others = load.othersPercent(r.cpu)
+	d.stop(tb)
+	return r
+}

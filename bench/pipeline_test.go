@@ -1,0 +1,339 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/natstest"
+	"github.com/pisync/pisync/publisher"
+	"github.com/pisync/pisync/watcher"
+)
+
+// The tenant, owner and host every case publishes under, pisync and raw alike, so that
+// subjects and headers are the same bytes.
+const (
+	benchTenant = "bench"
+	benchOwner  = "bench"
+	benchHost   = "bench"
+)
+
+func owner(tb testing.TB) mirror.Owner {
+	o, err := mirror.NewOwner(benchTenant, benchOwner)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return o
+}
+
+// target is a JetStream to mirror into: one embedded server, or a 3-node cluster.
+type target struct {
+	url      string
+	replicas int
+	stop     func()
+	storeDir []string
+}
+
+// newTarget starts a fresh embedded JetStream server (replicas 1) or a 3-node cluster
+// on loopback (replicas 3), with the mirror provisioned.
+func newTarget(tb testing.TB, replicas int) *target {
+	tb.Helper()
+	t := &target{replicas: replicas}
+	if replicas == 3 {
+		c := natstest.RunCluster(tb, 3)
+		t.url, t.stop = c.URLs(), c.Stop
+		for _, n := range c.Nodes {
+			t.storeDir = append(t.storeDir, n.StoreDir())
+		}
+	} else {
+		s := natstest.Run(tb)
+		t.url, t.stop, t.storeDir = s.URL(), s.Stop, []string{s.StoreDir()}
+	}
+	nc := t.connect(tb)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := mirror.Provision(ctx, js, mirror.DefaultNames(), mirror.Config{Replicas: replicas}); err != nil {
+		tb.Fatal(err)
+	}
+	nc.Close()
+	return t
+}
+
+func (t *target) connect(tb testing.TB) *nats.Conn {
+	tb.Helper()
+	return natstest.Connect(tb, t.url)
+}
+
+// close stops the server(s) and removes their stores at once (not at the end of the
+// benchmark), so that a later run does not share the disk with old stores.
+func (t *target) close() {
+	t.stop()
+	for _, d := range t.storeDir {
+		os.RemoveAll(d)
+	}
+}
+
+// streamMsgs is the number of messages in the entries stream.
+func streamMsgs(tb testing.TB, nc *nats.Conn) uint64 {
+	tb.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// rawPublish is the ceiling: it publishes every line of w with PublishMsgAsync — the
+// subjects, headers and bodies pisync sends (blob payloads put into the object store
+// first, as pisync does), through a JetStream context configured like pisync's, under
+// the same window — and waits for every acknowledgement. The metadata of each line was
+// computed when the workload was written, so the ceiling pays for publishing only.
+func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
+	tb.Helper()
+	ctx := context.Background()
+	names, o := mirror.DefaultNames(), owner(tb)
+	js, err := publisher.NewJetStream(nc, 30*time.Second, window)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	obj, err := js.ObjectStore(ctx, names.BlobsBucket())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	acks := make(chan jetstream.PubAckFuture, window)
+	var failed error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for fut := range acks {
+			select {
+			case <-fut.Ok():
+			case err := <-fut.Err():
+				if failed == nil {
+					failed = err
+				}
+			}
+		}
+	}()
+	for _, f := range w.files {
+		content, err := os.ReadFile(f.path)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		metas, err := readMeta(f.meta)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		conv, err := mirror.NewConv(o, f.id)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		var format string
+		off := int64(0)
+		for ord, m := range metas {
+			line := content[off : off+m.len]
+			off += m.len + 1
+			if ord == 0 {
+				format = formatOf(line)
+			}
+			l := mirror.Line{Kind: m.kind, EntryID: m.entryID, ParentID: m.parentID, EntryType: m.entryType,
+				Ordinal: int64(ord), Generation: 1, SHA256: m.sha, Format: format, Host: benchHost, Source: f.rel}
+			body := line
+			if m.kind == mirror.KindBlob {
+				if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: o.ObjectName(m.sha)}, bytes.NewReader(line)); err != nil {
+					tb.Fatal(err)
+				}
+				l.BlobSize, body = m.len, nil
+			}
+			fut, err := js.PublishMsgAsync(names.NewMsg(conv, l, body))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			acks <- fut
+		}
+	}
+	close(acks)
+	<-done
+	if failed != nil {
+		tb.Fatalf("raw publish: %v", failed)
+	}
+}
+
+// pipeline is pisync's watcher and publisher in this process, wired as cmd/pisync wires
+// them (without the periodic rescan, which a back-fill never reaches).
+type pipeline struct {
+	pub    *publisher.Publisher
+	wat    *watcher.Watcher
+	store  *checkpoint.Store
+	cancel context.CancelFunc
+	done   chan error
+	closed bool
+}
+
+// startPisync mirrors the files under root into the JetStream at nc. wrap, if set,
+// wraps the JetStream context the publisher uses (the latency case records acks).
+func startPisync(tb testing.TB, nc *nats.Conn, root string, window int, wrap func(jetstream.JetStream) jetstream.JetStream) *pipeline {
+	tb.Helper()
+	js, err := publisher.NewJetStream(nc, 10*time.Second, window)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if wrap != nil {
+		js = wrap(js)
+	}
+	store, _, err := checkpoint.Open(tb.TempDir(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pub, err := publisher.New(ctx, publisher.Options{JS: js, Names: mirror.DefaultNames(), Owner: owner(tb),
+		Host: benchHost, Checkpoints: store, WindowMessages: window})
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	pub.Start()
+	wat, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: pub, RescanInterval: 0})
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	p := &pipeline{pub: pub, wat: wat, store: store, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- wat.Run(ctx) }()
+	tb.Cleanup(func() { p.stop(tb) })
+	return p
+}
+
+// mirrored is the number of bytes acknowledged, over every root.
+func (p *pipeline) mirrored() int64 {
+	var n int64
+	for _, r := range p.pub.Progress().Roots {
+		n += r.MirroredBytes
+	}
+	return n
+}
+
+// waitMirrored polls until want bytes are acknowledged. The poll period is far below
+// the run times measured.
+func (p *pipeline) waitMirrored(tb testing.TB, want int64, timeout time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for p.mirrored() < want {
+		if time.Now().After(deadline) {
+			tb.Fatalf("mirrored %d of %d bytes after %v", p.mirrored(), want, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop stops the watcher, drains the publisher (heads and checkpoints written) and
+// closes the checkpoint store.
+func (p *pipeline) stop(tb testing.TB) {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	p.cancel()
+	<-p.done
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.pub.Close(ctx); err != nil {
+		tb.Errorf("publisher close: %v", err)
+	}
+	if err := p.store.Close(); err != nil {
+		tb.Errorf("checkpoint store close: %v", err)
+	}
+}
+
+// backfillResult is one back-fill run: pisync and the raw ceiling on fresh targets.
+type backfillResult struct {
+	pisync, raw time.Duration
+	others      float64 // % of the machine used by other processes
+}
+
+var backfillRuns sync.Map // name → runs so far, to alternate which side goes first
+
+// runBackfill mirrors w with pisync and publishes it raw, each on a fresh target of the
+// same kind, and checks that both stored every line. Dirty pages are flushed between
+// the two so that one does not pay for the other's writes; the side that goes first
+// alternates from run to run.
+func runBackfill(tb testing.TB, name string, w *workload, replicas, window int) backfillResult {
+	tb.Helper()
+	n, _ := backfillRuns.LoadOrStore(name, new(int))
+	runs := n.(*int)
+	*runs++
+	var res backfillResult
+	sides := []func(){
+		func() {
+			t := newTarget(tb, replicas)
+			defer t.close()
+			nc := t.connect(tb)
+			defer nc.Close()
+			settle()
+			start := time.Now()
+			rawPublish(tb, nc, w, window)
+			res.raw = time.Since(start)
+			if got := streamMsgs(tb, nc); got != uint64(w.lines) {
+				tb.Fatalf("raw: %d messages in the stream, want %d", got, w.lines)
+			}
+		},
+		func() {
+			t := newTarget(tb, replicas)
+			defer t.close()
+			nc := t.connect(tb)
+			defer nc.Close()
+			settle()
+			start := time.Now()
+			p := startPisync(tb, nc, w.root, window, nil)
+			p.waitMirrored(tb, w.bytes, 30*time.Minute)
+			res.pisync = time.Since(start)
+			p.stop(tb)
+			if got := streamMsgs(tb, nc); got != uint64(w.lines) {
+				tb.Fatalf("pisync: %d messages in the stream, want %d", got, w.lines)
+			}
+		},
+	}
+	if *runs%2 == 0 {
+		sides[0], sides[1] = sides[1], sides[0]
+	}
+	load := startLoad()
+	for _, side := range sides {
+		side()
+	}
+	res.others = load.othersPercent(0)
+	return res
+}
+
+func reportBackfill(b *testing.B, w *workload, r backfillResult) {
+	ps, rs := r.pisync.Seconds(), r.raw.Seconds()
+	b.ReportMetric(float64(w.lines)/ps, "entries/s")
+	b.ReportMetric(float64(w.bytes)/ps/1e6, "MB/s")
+	b.ReportMetric(float64(w.lines)/rs, "raw-entries/s")
+	b.ReportMetric(float64(w.bytes)/rs/1e6, "raw-MB/s")
+	b.ReportMetric(rs/ps, "ratio")
+	b.ReportMetric(ps, "pisync-s")
+	b.ReportMetric(rs, "raw-s")
+	b.ReportMetric(r.others, "others-cpu-%")
+}

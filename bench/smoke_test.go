@@ -1,0 +1,51 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSmoke runs every case of the suite at a tiny size, so that the suite keeps working:
+// CI runs it with the other tests, in seconds. Its figures mean nothing; what it checks
+// is that each case runs to its end and that the checks inside the cases pass (every
+// line in the stream, every byte mirrored, recovered files equal to the originals). The
+// full suite is bench/run.sh.
+func TestSmoke(t *testing.T) {
+	tiny := spec{name: "smoke", sessions: 6, entries: 20, perDir: 2, seed: 9, blob: true}
+	t.Run("backfill", func(t *testing.T) {
+		w := getWorkload(t, tiny)
+		if w.blobs == 0 {
+			t.Fatal("the smoke workload has no blob line")
+		}
+		r := runBackfill(t, "smoke", w, 1, 64)
+		if r.pisync <= 0 || r.raw <= 0 {
+			t.Fatalf("%+v", r)
+		}
+	})
+	t.Run("live", func(t *testing.T) {
+		r := runLive(t, liveConfig{files: 4, rate: 200, duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond})
+		if len(r.lat) == 0 || len(r.raw) == 0 {
+			t.Fatalf("no latency measured: %+v", r)
+		}
+	})
+	t.Run("recovery", func(t *testing.T) {
+		fx := recoveryFixture(t, tiny)
+		rawRead(t, fx)
+		runRecovery(t, fx, true, 4)
+		runRecovery(t, fx, false, 4)
+	})
+	t.Run("daemon", func(t *testing.T) {
+		r := runIdle(t, 20, 2, time.Second)
+		if r.idleRSS <= 0 || r.peakRSS <= 0 {
+			t.Fatalf("%+v", r)
+		}
+		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))
+		runDaemonBackfill(t, getWorkload(t, filesSpec(30, 2)))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("a 3-node cluster: not in -short")
+		}
+		runBackfill(t, "smoke-cluster", getWorkload(t, tiny), 3, 64)
+	})
+}
