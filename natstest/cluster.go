@@ -73,13 +73,38 @@ func (c *Cluster) WaitMetaLeader(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		for _, s := range c.Nodes {
-			if s.Server != nil && s.JetStreamIsLeader() {
+			if s.Server == nil || !s.JetStreamIsLeader() {
+				continue
+			}
+			// A leader alone cannot place an R3 stream: every peer must be known and
+			// current ("no suitable peers for placement" otherwise).
+			if c.peersCurrent(s) {
 				return
 			}
 		}
 		time.Sleep(20 * time.Millisecond) // poll interval
 	}
-	c.t.Fatalf("no JetStream meta leader after %v", timeout)
+	c.t.Fatalf("no JetStream meta leader with every peer current after %v", timeout)
+}
+
+func (c *Cluster) peersCurrent(leader *Server) bool {
+	info, err := leader.Jsz(nil)
+	if err != nil || info.Meta == nil {
+		return false
+	}
+	running := 0
+	for _, n := range c.Nodes {
+		if n.Server != nil {
+			running++
+		}
+	}
+	current := 0
+	for _, p := range info.Meta.Replicas {
+		if p.Current && !p.Offline {
+			current++
+		}
+	}
+	return current >= running-1
 }
 
 // StreamLeader returns the node leading stream (account $G), or nil.

@@ -119,6 +119,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	if err := p.acquire(ctx, it.weight); err != nil {
 		return err
 	}
+	it.slot = true
 	st.mu.Lock()
 	st.queue = append(st.queue, it)
 	st.seenEnd = max(st.seenEnd, it.end)
@@ -275,18 +276,27 @@ func (p *Publisher) collectAcks() {
 func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err error) {
 	st.mu.Lock()
 	it.inFlight = false
+	if it.done {
+		// Already resolved by a reconciliation that found it in the mirror.
+		st.mu.Unlock()
+		return
+	}
 	if err != nil {
 		st.mu.Unlock()
 		p.fail(st, err)
 		return
 	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
+	slot := it.slot
+	it.slot = false
 	released, moved := st.advance()
 	st.mu.Unlock()
 	if moved > 0 {
 		p.noteDirty(st)
 	}
-	p.releaseSlot()
+	if slot {
+		p.releaseSlot()
+	}
 	p.release(released)
 	if ack.Duplicate {
 		p.m.duplicates.Inc()
@@ -422,12 +432,15 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	st.mu.Lock()
 	var resend []*item
 	for _, it := range st.queue {
-		if it.done {
-			continue
+		if it.done || it.inFlight {
+			continue // an item sent meanwhile is resolved by its own acknowledgement
 		}
 		if h, ok := held[it.ordinal]; ok && h.sha == it.sha {
 			it.done, it.seq, it.msg = true, h.seq, nil
-			p.releaseSlot()
+			if it.slot {
+				it.slot = false
+				p.releaseSlot()
+			}
 			continue
 		}
 		resend = append(resend, it)

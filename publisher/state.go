@@ -59,6 +59,7 @@ type item struct {
 	done     bool
 	seq      uint64
 	inFlight bool
+	slot     bool // holds one of the window's message slots until resolved
 }
 
 func (st *fileState) record() checkpoint.Record {
