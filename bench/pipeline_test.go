@@ -3,8 +3,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,16 +111,16 @@ func streamMsgs(tb testing.TB, nc *nats.Conn) uint64 {
 // subjects, headers and bodies pisync sends (blob payloads put into the object store
 // first, as pisync does), through a JetStream context configured like pisync's, under
 // the same window — and waits for every acknowledgement. The metadata of each line was
-// computed when the workload was written, so the ceiling pays for publishing only.
+// computed when the workload was written, so the ceiling pays for publishing only. Like
+// pisync's watcher, -raw-workers goroutines take the files in turn.
 func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 	tb.Helper()
 	ctx := context.Background()
-	names, o := mirror.DefaultNames(), owner(tb)
 	js, err := publisher.NewJetStream(nc, 30*time.Second, window)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	obj, err := js.ObjectStore(ctx, names.BlobsBucket())
+	obj, err := js.ObjectStore(ctx, mirror.DefaultNames().BlobsBucket())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -137,48 +139,75 @@ func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 			}
 		}
 	}()
-	for _, f := range w.files {
-		content, err := os.ReadFile(f.path)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		metas, err := readMeta(f.meta)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		conv, err := mirror.NewConv(o, f.id)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		var format string
-		off := int64(0)
-		for ord, m := range metas {
-			line := content[off : off+m.len]
-			off += m.len + 1
-			if ord == 0 {
-				format = formatOf(line)
-			}
-			l := mirror.Line{Kind: m.kind, EntryID: m.entryID, ParentID: m.parentID, EntryType: m.entryType,
-				Ordinal: int64(ord), Generation: 1, SHA256: m.sha, Format: format, Host: benchHost, Source: f.rel}
-			body := line
-			if m.kind == mirror.KindBlob {
-				if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: o.ObjectName(m.sha)}, bytes.NewReader(line)); err != nil {
-					tb.Fatal(err)
+	o := owner(tb)
+	var next atomic.Int64
+	errs := make(chan error, max(*flagRawWorkers, 1))
+	var wg sync.WaitGroup
+	for range max(*flagRawWorkers, 1) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(w.files) {
+					return
 				}
-				l.BlobSize, body = m.len, nil
+				if err := rawFile(ctx, js, obj, o, w.files[i], acks); err != nil {
+					errs <- err
+					return
+				}
 			}
-			fut, err := js.PublishMsgAsync(names.NewMsg(conv, l, body))
-			if err != nil {
-				tb.Fatal(err)
-			}
-			acks <- fut
-		}
+		})
 	}
+	wg.Wait()
 	close(acks)
 	<-done
+	close(errs)
+	if err := <-errs; err != nil {
+		tb.Fatal(err)
+	}
 	if failed != nil {
 		tb.Fatalf("raw publish: %v", failed)
 	}
+}
+
+// rawFile publishes the lines of one file and hands their futures to acks.
+func rawFile(ctx context.Context, js jetstream.JetStream, obj jetstream.ObjectStore, o mirror.Owner, f *sessionFile, acks chan<- jetstream.PubAckFuture) error {
+	names := mirror.DefaultNames()
+	content, err := os.ReadFile(f.path)
+	if err != nil {
+		return err
+	}
+	metas, err := readMeta(f.meta)
+	if err != nil {
+		return err
+	}
+	conv, err := mirror.NewConv(o, f.id)
+	if err != nil {
+		return err
+	}
+	var format string
+	off := int64(0)
+	for ord, m := range metas {
+		line := content[off : off+m.len]
+		off += m.len + 1
+		if ord == 0 {
+			format = formatOf(line)
+		}
+		l := mirror.Line{Kind: m.kind, EntryID: m.entryID, ParentID: m.parentID, EntryType: m.entryType,
+			Ordinal: int64(ord), Generation: 1, SHA256: m.sha, Format: format, Host: benchHost, Source: f.rel}
+		body := line
+		if m.kind == mirror.KindBlob {
+			if _, err := obj.Put(ctx, jetstream.ObjectMeta{Name: o.ObjectName(m.sha)}, bytes.NewReader(line)); err != nil {
+				return err
+			}
+			l.BlobSize, body = m.len, nil
+		}
+		fut, err := js.PublishMsgAsync(names.NewMsg(conv, l, body))
+		if err != nil {
+			return err
+		}
+		acks <- fut
+	}
+	return nil
 }
 
 // pipeline is pisync's watcher and publisher in this process, wired as cmd/pisync wires
@@ -266,6 +295,8 @@ func (p *pipeline) stop(tb testing.TB) {
 		tb.Errorf("checkpoint store close: %v", err)
 	}
 }
+
+var flagRawWorkers = flag.Int("raw-workers", 4, "raw ceiling: goroutines publishing files at once (pisync's watcher has 4)")
 
 // backfillResult is one back-fill run: pisync and the raw ceiling on fresh targets.
 type backfillResult struct {
