@@ -249,7 +249,8 @@ func (d *daemonProc) stat(tb testing.TB) procStat {
 // Linux architecture Go supports.
 const clockTicks = 100
 
-func mb(n int64) float64 { return float64(n) / (1 << 20) }
+// mb converts bytes to MB (10⁶ bytes), the unit of the targets.
+func mb(n int64) float64 { return float64(n) / 1e6 }
 
 // progress is what the daemon reports through /metrics.
 type progress struct {

@@ -49,10 +49,11 @@ type target struct {
 func newTarget(tb testing.TB, replicas int) *target {
 	tb.Helper()
 	t := &target{replicas: replicas}
+	var cluster *natstest.Cluster
 	if replicas == 3 {
-		c := natstest.RunCluster(tb, 3)
-		t.url, t.stop = c.URLs(), c.Stop
-		for _, n := range c.Nodes {
+		cluster = natstest.RunCluster(tb, 3)
+		t.url, t.stop = cluster.URLs(), cluster.Stop
+		for _, n := range cluster.Nodes {
 			t.storeDir = append(t.storeDir, n.StoreDir())
 		}
 	} else {
@@ -70,6 +71,18 @@ func newTarget(tb testing.TB, replicas int) *target {
 		tb.Fatal(err)
 	}
 	nc.Close()
+	if cluster != nil {
+		// Clients connect to the entries stream's leader, pisync and raw alike: which node
+		// a client lands on (one hop more or less) would otherwise vary from run to run.
+		deadline := time.Now().Add(30 * time.Second)
+		for cluster.StreamLeader(mirror.DefaultNames().Stream()) == nil {
+			if time.Now().After(deadline) {
+				tb.Fatal("no leader for the entries stream")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.url = cluster.StreamLeader(mirror.DefaultNames().Stream()).URL()
+	}
 	return t
 }
 

@@ -3,12 +3,12 @@
 # run COUNT times (default 3), on servers embedded in the benchmark process; then
 # bench/RESULTS.md is regenerated from the output (bench/results.txt, benchstat format).
 #
-#   bench/run.sh                          # the full suite (about 40 minutes on 2 cores)
+#   bench/run.sh                          # the full suite (about 25 minutes on 2 cores)
 #   COUNT=5 bench/run.sh                  # more runs per case
 #   BENCH=Recovery bench/run.sh           # one case (a go test -bench pattern)
 #   bench/run.sh -sessions 200 -big-mib 256   # other sizes (flags: bench/README.md)
 #
-# The temporary files (up to ~8 GB at full size) go to $TMPDIR and are removed at the end.
+# The temporary files (up to ~10 GB at full size) go to $TMPDIR and are removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${COUNT:-3}

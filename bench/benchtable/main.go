@@ -186,6 +186,7 @@ var sections = []section{
 			{unit: "cpu-s", label: "daemon CPU time, s"},
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
+	{title: "5. Scaling", bench: "Scaling"},
 	{"6. Recovery", "Recovery",
 		"Every conversation of the back-fill workload, as the daemon mirrored it, rebuilt into files by the recovery package as `pisync recover --all --out DIR` does (default parallelism 4; heads listed, digests checked, atomic writes with fsync). Also without writing (`--dry-run`), and the ceiling: one ordered consumer reading every message of the owner. Lines per second, headers included.",
 		[]figure{
@@ -198,7 +199,7 @@ var sections = []section{
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
 	{"7. Cluster back-fill (R3)", "BackfillCluster",
-		"The back-fill of item 1 against a 3-node cluster on loopback, in this process, with an R3 stream, bucket and object store; the ceiling is raw R3 publishing of the same messages.",
+		"The back-fill of item 1 against a 3-node cluster on loopback, in this process, with an R3 stream, bucket and object store, the clients connected to the stream's leader; the ceiling is raw R3 publishing of the same messages.",
 		[]figure{
 			{unit: "entries/s", label: "pisync, entries/s"},
 			{unit: "MB/s", label: "pisync, MB/s"},
@@ -223,6 +224,10 @@ func render(res *results, command string) string {
 	}
 	b.WriteString("\n")
 	for _, s := range sections {
+		if s.bench == "Scaling" {
+			scaling(&b, res)
+			continue
+		}
 		runs := res.runs[s.bench]
 		if runs == nil {
 			continue
@@ -245,7 +250,7 @@ func render(res *results, command string) string {
 				if !ok {
 					verdict = "**missed**"
 				}
-				target = fmt.Sprintf("%s %s: %s", f.target, num(f.bound), verdict)
+				target = fmt.Sprintf("%s %s: %s", f.target, bound(f.bound), verdict)
 			}
 			if f.note != "" {
 				target = strings.TrimPrefix(target+"; "+f.note, "; ")
@@ -254,21 +259,19 @@ func render(res *results, command string) string {
 		}
 		b.WriteString("\n")
 	}
-	scaling(&b, res)
 	return b.String()
 }
 
 // workload describes the constant figures of a case.
 func workload(runs map[string][]float64) string {
 	var parts []string
-	if v := runs["sessions"]; len(v) > 0 {
-		parts = append(parts, num(v[0])+" session files")
-	}
-	if v := runs["files"]; len(v) > 0 {
-		parts = append(parts, num(v[0])+" session files")
+	for _, unit := range []string{"sessions", "files"} {
+		if v := runs[unit]; len(v) > 0 {
+			parts = append(parts, bound(v[0])+map[bool]string{true: " session file", false: " session files"}[v[0] == 1])
+		}
 	}
 	if v := runs["lines"]; len(v) > 0 {
-		parts = append(parts, num(v[0])+" lines")
+		parts = append(parts, bound(v[0])+" lines")
 	}
 	if v := runs["workload-MB"]; len(v) > 0 {
 		parts = append(parts, num(v[0])+" MB")
@@ -297,7 +300,7 @@ func scaling(b *strings.Builder, res *results) {
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].n < rows[j].n })
 	b.WriteString("## 5. Scaling\n\n")
-	b.WriteString("A fresh daemon (a child process) on N small session files (header and a few entries each, 100 per directory): the time until its watcher knows every file (`discovery`), until every byte is acknowledged (`mirrored`), and its peak resident memory (VmHWM). Median of the runs, spread in brackets.\n\n")
+	b.WriteString("A fresh daemon (a child process) on N small session files (header and a few entries each, 100 per directory): the time until its watcher knows every file (`discovery`), until every byte is acknowledged (`mirrored`), and its peak resident memory (VmHWM, MB of 10⁶ bytes). Median of the runs, spread in brackets.\n\n")
 	b.WriteString("| files | lines | discovery, s | mirrored, s | peak RSS, MB | entries/s | runs |\n|---:|---:|---|---|---|---:|---:|\n")
 	cell := func(vs []float64) string {
 		if len(vs) == 0 {
@@ -309,9 +312,9 @@ func scaling(b *strings.Builder, res *results) {
 	for _, r := range rows {
 		lines := ""
 		if v := r.runs["lines"]; len(v) > 0 {
-			lines = num(v[0])
+			lines = bound(v[0])
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %d |\n", num(r.n), lines, cell(r.runs["discovery-s"]), cell(r.runs["mirrored-s"]),
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %d |\n", bound(r.n), lines, cell(r.runs["discovery-s"]), cell(r.runs["mirrored-s"]),
 			cell(r.runs["peak-rss-MB"]), cellMed(r.runs["entries/s"]), len(r.runs["mirrored-s"]))
 	}
 	if len(rows) > 1 {
@@ -337,7 +340,7 @@ func scaling(b *strings.Builder, res *results) {
 					mem = num(((c - base) / (a - base)) / k)
 				}
 			}
-			fmt.Fprintf(b, "| %s → %s | %s | %s | %s |\n", num(p.n), num(q.n), growth("discovery-s"), growth("mirrored-s"), mem)
+			fmt.Fprintf(b, "| %s → %s | %s | %s | %s |\n", bound(p.n), bound(q.n), growth("discovery-s"), growth("mirrored-s"), mem)
 		}
 	}
 	b.WriteString("\n")
@@ -366,6 +369,31 @@ func stats(vs []float64) (med, lo, hi float64) {
 	return med, s[0], s[n-1]
 }
 
+// bound formats an exact number (a target, a count): as short as it is, thousands
+// separated.
+func bound(v float64) string {
+	s := strconv.FormatFloat(v, 'f', -1, 64)
+	intPart, frac, _ := strings.Cut(s, ".")
+	return group(intPart) + strings.TrimSuffix("."+frac, ".")
+}
+
+// group separates the thousands of an integer's digits.
+func group(intPart string) string {
+	neg := strings.HasPrefix(intPart, "-")
+	intPart = strings.TrimPrefix(intPart, "-")
+	var out []byte
+	for i, c := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, byte(c))
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
 // num formats a figure with three significant digits, thousands separated.
 func num(v float64) string {
 	switch {
@@ -382,21 +410,9 @@ func num(v float64) string {
 	}
 	s := strconv.FormatFloat(v, 'f', digits, 64)
 	intPart, frac, _ := strings.Cut(s, ".")
-	neg := strings.HasPrefix(intPart, "-")
-	intPart = strings.TrimPrefix(intPart, "-")
-	var out []byte
-	for i, c := range intPart {
-		if i > 0 && (len(intPart)-i)%3 == 0 {
-			out = append(out, ',')
-		}
-		out = append(out, byte(c))
-	}
-	s = string(out)
+	s = group(intPart)
 	if frac != "" {
 		s += "." + frac
-	}
-	if neg {
-		s = "-" + s
 	}
 	return s
 }
