@@ -67,6 +67,25 @@ func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
 	return m.Sequence, nil
 }
 
+// Counts returns how many messages each conversation of the reader's owner has in the
+// stream, by key, in one request: the server answers from its index of subjects,
+// without reading a message.
+func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
+	filter := r.names.OwnerSubjects(r.owner)
+	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, fmt.Errorf("count the messages of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
+	}
+	prefix := strings.TrimSuffix(filter, ">")
+	counts := make(map[string]uint64, len(info.State.Subjects))
+	for subject, n := range info.State.Subjects {
+		if key, err := DecodeToken(strings.TrimPrefix(subject, prefix)); err == nil {
+			counts[key] = n
+		}
+	}
+	return counts, nil
+}
+
 // scanConsumerIdle is how long the server keeps a scan's consumer after its last use.
 const scanConsumerIdle = 5 * time.Second
 
@@ -93,54 +112,98 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 	if err != nil {
 		return err
 	}
-	from := max(opts.FromSeq, 1)
-	if last == 0 || last < from {
+	if last == 0 || last < max(opts.FromSeq, 1) {
 		return nil
 	}
+	var fnErr error
+	err = r.scan(ctx, r.names.Subject(c), opts, last, func(_ string, m Msg) error {
+		fnErr = fn(m)
+		return fnErr
+	})
+	if err != nil && err != fnErr {
+		return fmt.Errorf("read %s: %w", c.Key, err)
+	}
+	return err
+}
+
+// ScanOwner calls fn for each message of every conversation of the reader's owner from
+// opts.FromSeq on, in stream order, up to the newest message at the time of the call,
+// with the key of its conversation. Messages that are not pisync lines are skipped.
+//
+// It reads through one ordered consumer on the owner's wildcard subject. To read most of
+// an owner's conversations this is the cheap way: the server makes one pass over the
+// stream, where a consumer per conversation has it pick each conversation's messages out
+// from among everyone's, and it sets up one consumer instead of one per conversation.
+func (r *Reader) ScanOwner(ctx context.Context, opts ScanOptions, fn func(key string, m Msg) error) error {
+	prefix := strings.TrimSuffix(r.names.OwnerSubjects(r.owner), ">")
+	keys := map[string]string{} // subject → decoded key: subjects repeat, line after line
+	var fnErr error
+	err := r.scan(ctx, r.names.OwnerSubjects(r.owner), opts, 0, func(subject string, m Msg) error {
+		key, ok := keys[subject]
+		if !ok {
+			k, err := DecodeToken(strings.TrimPrefix(subject, prefix))
+			if err != nil {
+				return nil // not a conversation subject pisync writes
+			}
+			key = k
+			keys[subject] = key
+		}
+		fnErr = fn(key, m)
+		return fnErr
+	})
+	if err != nil && err != fnErr {
+		return fmt.Errorf("read the conversations of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
+	}
+	return err
+}
+
+// scan reads the messages of filter through an ordered consumer, from opts.FromSeq on, up
+// to stream sequence last (0: until none is pending), calling fn with each pisync line.
+func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last uint64, fn func(subject string, m Msg) error) error {
 	cons, err := r.js.OrderedConsumer(ctx, r.names.Stream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{r.names.Subject(c)},
+		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
+		OptStartSeq:    max(opts.FromSeq, 1),
 		HeadersOnly:    opts.HeadersOnly,
 		// A scan is over in moments; its consumer must not linger and count against
 		// the stream's consumer limit should the delete below not reach the server.
 		InactiveThreshold: scanConsumerIdle,
 	})
 	if err != nil {
-		return fmt.Errorf("read %s: create consumer: %w", c.Key, err)
+		return fmt.Errorf("create consumer: %w", err)
 	}
 	defer r.deleteConsumer(cons)
 	left := uint64(scanBatch)
 	if info := cons.CachedInfo(); info != nil {
-		left = info.NumPending // from `from` on, when the consumer was created
+		left = info.NumPending // from opts.FromSeq on, when the consumer was created
 	}
 	if left == 0 {
 		return nil
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(left, scanBatch))))
 	if err != nil {
-		return fmt.Errorf("read %s: %w", c.Key, err)
+		return err
 	}
 	defer it.Stop()
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return fmt.Errorf("read %s: %w", c.Key, err)
+			return err
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return fmt.Errorf("read %s: metadata: %w", c.Key, err)
+			return fmt.Errorf("metadata: %w", err)
 		}
 		if l, err := ParseLine(m.Headers()); err == nil {
 			msg := Msg{Line: l, Seq: meta.Sequence.Stream, Time: meta.Timestamp}
 			if !opts.HeadersOnly && l.Kind != KindBlob {
 				msg.Data = m.Data()
 			}
-			if err := fn(msg); err != nil {
+			if err := fn(m.Subject(), msg); err != nil {
 				return err
 			}
 		}
-		if meta.NumPending == 0 || meta.Sequence.Stream >= last {
+		if meta.NumPending == 0 || (last != 0 && meta.Sequence.Stream >= last) {
 			return nil
 		}
 	}

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,25 +17,51 @@ type Target struct {
 	Key        string // conversation key in the mirror
 }
 
+// BackgroundMirror is what background verification reads; *mirror.Reader implements it.
+type BackgroundMirror interface {
+	Scanner
+	Counts(ctx context.Context) (map[string]uint64, error)
+}
+
+// defaultRecheck is how long a file found identical goes at most without being read again.
+const defaultRecheck = 24 * time.Hour
+
 // Background verifies the daemon's files against the mirror, one pass per Interval, at
 // most Rate files a second so that it never competes with mirroring, and exports how
 // many sessions were found identical (the migration dashboard's verification coverage).
+//
+// A file found identical is not read again while neither it (size, modification time)
+// nor its conversation in the mirror (message count, one request per pass for all of
+// them) has changed, for up to Recheck: JetStream messages are never modified in place,
+// so the same count is the same messages, and a lost or deleted one changes it. An idle
+// host with ten thousand sessions then verifies each once and afterwards costs a stat
+// per file and pass, where reading them all again would take a few percent of a core.
 type Background struct {
-	Mirror   Scanner
+	Mirror   BackgroundMirror
 	List     func() []Target // the files to verify, read at the start of each pass
 	Interval time.Duration
-	Rate     float64 // files per second
+	Rate     float64       // files per second
+	Recheck  time.Duration // 0: a day
 	Logger   *zap.Logger
 	Metrics  *VerifyMetrics
+
+	now   func() time.Time // tests move time
+	known map[string]verdict
+}
+
+// verdict is what a file and its conversation were when the file was found identical.
+type verdict struct {
+	key   string
+	size  int64
+	mtime time.Time
+	msgs  uint64
+	at    time.Time
 }
 
 // Run verifies until ctx ends.
 func (b *Background) Run(ctx context.Context) {
 	if b.Interval <= 0 {
 		return
-	}
-	if b.Logger == nil {
-		b.Logger = zap.NewNop()
 	}
 	pace := time.Duration(float64(time.Second) / max(b.Rate, 0.01))
 	// The first pass waits one interval too: at start-up the daemon is busy back-filling,
@@ -53,20 +80,52 @@ func (b *Background) Run(ctx context.Context) {
 }
 
 func (b *Background) pass(ctx context.Context, pace time.Duration) {
+	if b.now == nil {
+		b.now = time.Now
+	}
+	if b.Logger == nil {
+		b.Logger = zap.NewNop()
+	}
+	if b.known == nil {
+		b.known = map[string]verdict{}
+	}
+	recheck := b.Recheck
+	if recheck <= 0 {
+		recheck = defaultRecheck
+	}
+	// Counted before any file is read: a message stored meanwhile makes the count
+	// recorded below lower than the next pass sees, so the file is read again then.
+	msgs, err := b.Mirror.Counts(ctx)
+	if err != nil {
+		b.Logger.Debug("cannot count the mirror's messages; every file is read", zap.Error(err))
+		msgs = nil
+	}
 	type counts struct{ identical, drifted, failed int }
 	byRoot := map[string]*counts{}
+	listed := map[string]bool{}
+	read := 0
 	tick := time.NewTicker(pace)
 	defer tick.Stop()
 	for _, t := range b.List() {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
 		c := byRoot[t.Root]
 		if c == nil {
 			c = &counts{}
 			byRoot[t.Root] = c
+		}
+		listed[t.Path] = true
+		info, statErr := os.Stat(t.Path)
+		now := b.now()
+		if v, ok := b.known[t.Path]; ok && statErr == nil && msgs != nil && v.key == t.Key &&
+			v.size == info.Size() && v.mtime.Equal(info.ModTime()) && v.msgs == msgs[t.Key] && now.Sub(v.at) < recheck {
+			c.identical++
+			continue
+		}
+		delete(b.known, t.Path)
+		read++
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		d, err := Verify(vctx, b.Mirror, t.Path, mirror.Head{Key: t.Key})
@@ -82,8 +141,17 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 			b.Logger.Warn("local file and mirror differ", zap.String("path", t.Path), zap.Any("drift", d.Counts()))
 		default:
 			c.identical++
+			if statErr == nil && msgs != nil {
+				b.known[t.Path] = verdict{key: t.Key, size: info.Size(), mtime: info.ModTime(), msgs: msgs[t.Key], at: now}
+			}
 		}
 	}
+	for path := range b.known {
+		if !listed[path] {
+			delete(b.known, path) // no longer the daemon's
+		}
+	}
+	b.Logger.Debug("verification pass", zap.Int("files", len(listed)), zap.Int("read", read))
 	if b.Metrics == nil {
 		return
 	}

@@ -21,6 +21,8 @@ import (
 type Mirror interface {
 	Conv(key string) (mirror.Conv, error)
 	Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanOptions, fn func(mirror.Msg) error) error
+	ScanOwner(ctx context.Context, opts mirror.ScanOptions, fn func(key string, m mirror.Msg) error) error
+	Counts(ctx context.Context) (map[string]uint64, error)
 	Head(ctx context.Context, c mirror.Conv) (mirror.Head, uint64, error)
 	Heads(ctx context.Context) ([]mirror.Head, error)
 	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
@@ -36,49 +38,83 @@ const maxInlineBlob = 16 << 20
 // generation is one generation of a conversation as read from the mirror.
 type generation struct {
 	number  int
-	numbers []int           // every generation present, ascending
-	lines   []Line          // the chosen generation's lines, in stream order
-	digests map[string]bool // digests of every line of every generation
+	numbers []int    // every generation present, ascending
+	lines   []Line   // the chosen generation's lines, in stream order
+	digests []string // of every line of every generation
 }
 
-// readGeneration reads generation gen of conversation c (0: the newest). It keeps only
-// the messages of the newest generation seen so far when gen is 0, so memory follows
-// one generation, and it records the digest of every line of every generation: a local
-// file is "held by the mirror" if its lines are anywhere in it.
-//
-// It reads through Scan rather than mirror.Reader.ReadGeneration so that a repeated
-// ordinal with other bytes is reported instead of silently dropped.
+// held returns the digests of every line the mirror holds, in any generation: a local
+// file is "held by the mirror" if its lines are all in it. Built on demand, since only a
+// file already at the target needs it.
+func (g *generation) held() map[string]bool {
+	m := make(map[string]bool, len(g.digests))
+	for _, d := range g.digests {
+		m[d] = true
+	}
+	return m
+}
+
+// collector gathers generation want (0: the newest) of one conversation from its
+// messages in stream order. With want 0 it keeps only the lines of the newest generation
+// seen so far, so memory follows one generation. A repeated ordinal with other bytes is
+// kept, for the rebuild to report (mirror.Reader.ReadGeneration drops it).
+type collector struct {
+	want  int
+	g     generation
+	seen  map[int]bool
+	msgs  uint64 // messages added
+	bytes int64  // of the lines kept
+}
+
+// newCollector makes a collector for about n messages (0: unknown).
+func newCollector(want, n int) *collector {
+	return &collector{want: want, seen: map[int]bool{},
+		g: generation{number: want, lines: make([]Line, 0, n), digests: make([]string, 0, n)}}
+}
+
+func (c *collector) add(msg mirror.Msg) {
+	c.seen[msg.Generation] = true
+	c.msgs++
+	c.g.digests = append(c.g.digests, msg.SHA256)
+	switch {
+	case c.want != 0 && msg.Generation != c.want:
+		return
+	case c.want == 0 && msg.Generation < c.g.number:
+		return
+	case c.want == 0 && msg.Generation > c.g.number:
+		c.g.number, c.g.lines, c.bytes = msg.Generation, c.g.lines[:0], 0
+	}
+	c.g.lines = append(c.g.lines, LineFromMsg(msg))
+	c.bytes += int64(len(msg.Data))
+}
+
+// result is the generation gathered, or an error wrapping mirror.ErrNotFound.
+func (c *collector) result(key string) (generation, error) {
+	if len(c.seen) == 0 {
+		return generation{}, fmt.Errorf("conversation %s: %w", key, mirror.ErrNotFound)
+	}
+	g := c.g
+	for n := range c.seen {
+		g.numbers = append(g.numbers, n)
+	}
+	sort.Ints(g.numbers)
+	if len(g.lines) == 0 {
+		return generation{}, fmt.Errorf("conversation %s generation %d (the mirror has %v): %w", key, c.want, g.numbers, mirror.ErrNotFound)
+	}
+	return g, nil
+}
+
+// readGeneration reads generation gen of conversation c (0: the newest).
 func readGeneration(ctx context.Context, m Mirror, c mirror.Conv, gen int) (generation, error) {
-	g := generation{number: gen, digests: map[string]bool{}}
-	seen := map[int]bool{}
+	col := newCollector(gen, 0)
 	err := m.Scan(ctx, c, mirror.ScanOptions{}, func(msg mirror.Msg) error {
-		seen[msg.Generation] = true
-		g.digests[msg.SHA256] = true
-		switch {
-		case gen != 0 && msg.Generation != gen:
-			return nil
-		case gen == 0 && msg.Generation < g.number:
-			return nil
-		case gen == 0 && msg.Generation > g.number:
-			g.number, g.lines = msg.Generation, g.lines[:0]
-		}
-		g.lines = append(g.lines, LineFromMsg(msg))
+		col.add(msg)
 		return nil
 	})
 	if err != nil {
 		return generation{}, err
 	}
-	if len(seen) == 0 {
-		return generation{}, fmt.Errorf("conversation %s: %w", c.Key, mirror.ErrNotFound)
-	}
-	for n := range seen {
-		g.numbers = append(g.numbers, n)
-	}
-	sort.Ints(g.numbers)
-	if len(g.lines) == 0 {
-		return generation{}, fmt.Errorf("conversation %s generation %d (the mirror has %v): %w", c.Key, gen, g.numbers, mirror.ErrNotFound)
-	}
-	return g, nil
+	return col.result(c.Key)
 }
 
 // inlineBlobs fetches the few blobs whose content the rebuild needs: a header stored as a

@@ -18,43 +18,67 @@ var ErrDigest = errors.New("digest mismatch")
 
 // Line is one mirrored line as the rebuild sees it.
 type Line struct {
-	Ordinal  int64
-	Kind     mirror.Kind
-	SHA256   string
-	Data     []byte // the line's bytes; nil for a blob not fetched
-	BlobSize int64  // blobs: the line's length
-	Env      session.Envelope
-	HasEnv   bool // Env describes an entry (scanned from the line, or a blob's headers)
-	Format   string
-	Source   string
-	Seq      uint64
-	Time     time.Time
+	Ordinal   int64
+	Kind      mirror.Kind
+	SHA256    string
+	Data      []byte // the line's bytes; nil for a blob not fetched
+	BlobSize  int64  // blobs: the line's length
+	Env       session.Envelope
+	HasEnv    bool // Env describes an entry (scanned from the line, or from its headers)
+	unscanned bool // Env is from the headers: no timestamp; the line's bytes can tell it
+	Format    string
+	Source    string
+	Seq       uint64
+	Time      time.Time
 }
 
-// LineFromMsg turns a message read from the mirror into a Line. The envelope of an entry
-// is scanned from its bytes; a blob's comes from its headers (type, id, parent; not a
-// leaf's target, which the reader fetches). A blob without a type header was too large
-// for the publisher to scan, and the daemon's head did not apply it either.
+// LineFromMsg turns a message read from the mirror into a Line. The envelope of an
+// entry comes from its headers (type, id, parent), which the publisher scanned from the
+// same bytes the digest covers; only a leaf's or label's target is scanned from the line.
+// A blob's envelope comes from its headers too (a leaf's target is fetched by the
+// reader); a blob without a type header was too large for the publisher to scan, and
+// the daemon's head did not apply it either. Timestamps are read from the lines only
+// when the rebuild needs them (see withTimestamps): scanning every line would cost
+// recovery a tenth of its time.
 func LineFromMsg(m mirror.Msg) Line {
 	l := Line{Ordinal: m.Ordinal, Kind: m.Kind, SHA256: m.SHA256, Data: m.Data, BlobSize: m.BlobSize,
 		Format: m.Format, Source: m.Source, Seq: m.Seq, Time: m.Time}
 	if l.Ordinal == 0 || l.Kind == mirror.KindRaw || l.Kind == mirror.KindHeader {
 		return l
 	}
+	headerID := m.EntryID
+	if headerID == mirror.OrdinalID(m.Ordinal) {
+		headerID = "" // v1 entries and unscanned lines carry the ordinal, not an id
+	}
 	if l.Data != nil {
+		if m.Kind == mirror.KindEntry && m.EntryType != "" && m.EntryType != "leaf" && m.EntryType != "label" && headerID != "" {
+			l.Env, l.HasEnv, l.unscanned = session.Envelope{Type: m.EntryType, ID: headerID, ParentID: m.ParentID}, true, true
+			return l
+		}
 		if env, err := session.ScanEntry(l.Data); err == nil {
 			l.Env, l.HasEnv = env, true
 			return l
 		}
 	}
 	if m.EntryType != "" {
-		id := m.EntryID
-		if id == mirror.OrdinalID(m.Ordinal) {
-			id = "" // v1 entries and unscanned lines carry the ordinal, not an id
-		}
-		l.Env, l.HasEnv = session.Envelope{Type: m.EntryType, ID: id, ParentID: m.ParentID}, true
+		l.Env, l.HasEnv = session.Envelope{Type: m.EntryType, ID: headerID, ParentID: m.ParentID}, true
 	}
 	return l
+}
+
+// withTimestamps scans the lines whose envelope came from their headers, for their
+// timestamps: what a synthesized header or a placeholder is dated by.
+func withTimestamps(lines []Line) {
+	for i := range lines {
+		l := &lines[i]
+		if !l.unscanned {
+			continue
+		}
+		if env, err := session.ScanEntry(l.Data); err == nil {
+			l.Env = env
+		}
+		l.unscanned = false
+	}
 }
 
 // Input is what Rebuild works from: one generation's lines and the conversation's head.
@@ -133,6 +157,9 @@ func Rebuild(in Input) (*Plan, error) {
 			Detail: fmt.Sprintf("the head records ordinals up to %d; the stream holds up to %d", head.LastOrdinal, last)})
 	}
 	rep.Complete = len(rep.Missing) == 0
+	if !rep.Complete || lines[0].Ordinal != 0 {
+		withTimestamps(lines)
+	}
 
 	// Line 1: the mirrored header, or one made up from what the mirror knows.
 	body := lines
@@ -142,6 +169,7 @@ func Rebuild(in Input) (*Plan, error) {
 		if h, err := session.ParseHeader(lines[0].Data); err == nil {
 			p.Header, rep.Conversation = h, h.ID
 		} else {
+			withTimestamps(lines)
 			p.Header, _, _ = synthHeader(in, lines, format, p.Source) // for the output path only
 		}
 	} else {

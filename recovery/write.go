@@ -31,11 +31,11 @@ type existing struct {
 	nLacking  int
 }
 
-// inspect compares the file at rel (if any) with plan, line by line by digest. held
-// holds the digest of every line the mirror has, in any generation, and of the lines
-// recovery makes: a local line outside it would be lost by overwriting the file. A torn
-// last line counts as such a line.
-func inspect(root *os.Root, rel string, plan *Plan, held map[string]bool) (existing, error) {
+// inspect compares the file at rel (if any) with plan, line by line by digest. heldFn
+// returns the digest of every line the mirror has, in any generation, and of the lines
+// recovery makes; it is called only when the file exists. A local line outside it would
+// be lost by overwriting the file. A torn last line counts as such a line.
+func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]bool) (existing, error) {
 	f, err := root.Open(rel)
 	if errors.Is(err, fs.ErrNotExist) {
 		return existing{}, nil
@@ -44,6 +44,7 @@ func inspect(root *os.Root, rel string, plan *Plan, held map[string]bool) (exist
 		return existing{}, fmt.Errorf("open existing %s: %w", rel, err)
 	}
 	defer f.Close()
+	held := heldFn()
 	e := existing{exists: true, identical: true}
 	var n int64
 	torn, err := localLines(f, func(l localLine) error {

@@ -145,19 +145,52 @@ func testIsolationAccounts(t *testing.T, layout string) {
 		}
 	}
 	alice, bob := users[0], users[1]
-	for _, u := range users {
-		d := startTestDaemon(t, u.args("--root", u.root, "--state-dir", t.TempDir(), "--blob-threshold", "65536", "--provision", u.provision)...)
+	readerOf := func(u *isoUser) *mirror.Reader {
 		c := connFlagsOf(t, u.conn...)
 		o, _ := mirror.NewOwner(u.tenant, u.owner)
 		nc, err := c.connect(ctx, "test reader", 5*time.Second, zaptest.NewLogger(t), nil, nats.CustomInboxPrefix(o.InboxPrefix()))
 		if err != nil {
 			t.Fatal(err)
 		}
-		allMirrored(t, newReader(t, nc, u.tenant, u.owner), u.root, 60*time.Second)
-		nc.Close()
+		t.Cleanup(nc.Close)
+		return newReader(t, nc, u.tenant, u.owner)
+	}
+	for _, u := range users {
+		d := startTestDaemon(t, u.args("--root", u.root, "--state-dir", t.TempDir(), "--blob-threshold", "65536", "--provision", u.provision)...)
+		allMirrored(t, readerOf(u), u.root, 60*time.Second)
 		if err := d.stop(); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// The one pass over an owner's messages that recover --all makes is allowed by the
+	// layout, and sees that owner's conversations only.
+	r := readerOf(alice)
+	counts, err := r.Counts(ctx)
+	if err != nil {
+		t.Fatalf("count alice's messages as alice: %v", err)
+	}
+	var keys []string
+	var total uint64
+	for k, n := range counts {
+		keys, total = append(keys, k), total+n
+	}
+	sort.Strings(keys)
+	if want := fileIDs(alice.files); strings.Join(keys, " ") != strings.Join(want, " ") {
+		t.Fatalf("alice's conversations counted: %v, want %v", keys, want)
+	}
+	var read uint64
+	if err := r.ScanOwner(ctx, mirror.ScanOptions{HeadersOnly: true}, func(key string, _ mirror.Msg) error {
+		if counts[key] == 0 {
+			t.Errorf("one pass as alice read a message of %q", key)
+		}
+		read++
+		return nil
+	}); err != nil {
+		t.Fatalf("one pass over alice's messages as alice: %v", err)
+	}
+	if read != total {
+		t.Errorf("one pass read %d messages, the counts say %d", read, total)
 	}
 
 	// What each daemon wrote carries its own tenant and owner only.
