@@ -152,6 +152,8 @@ func runLive(tb testing.TB, cfg liveConfig) liveResult {
 	interval := time.Second / time.Duration(cfg.rate)
 	var res liveResult
 	load := startLoad()
+	stopProfile := profile(tb, "live")
+	defer stopProfile()
 	start := time.Now()
 	for i := range writes {
 		due := start.Add(time.Duration(i) * interval)
@@ -167,6 +169,7 @@ func runLive(tb testing.TB, cfg liveConfig) liveResult {
 		}
 	}
 	p.waitMirrored(tb, written, time.Minute)
+	stopProfile()
 	res.others = load.othersPercent(0)
 	warm := int(cfg.warmup.Seconds() * float64(cfg.rate))
 	for _, w := range writes[warm:] {

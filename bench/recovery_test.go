@@ -112,6 +112,12 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 	out := filepath.Join(tb.TempDir(), "out")
 	defer os.RemoveAll(out)
 	settle()
+	name := "recovery"
+	if dryRun {
+		name = "recovery-dry-run"
+	}
+	stopProfile := profile(tb, name)
+	defer stopProfile()
 	start := time.Now()
 	keys, err := recovery.Keys(ctx, m, nil, true)
 	if err != nil {
@@ -119,6 +125,7 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 	}
 	reps := recovery.New(m, recovery.Options{Out: out, Parallel: parallel, DryRun: dryRun}).Run(ctx, keys)
 	elapsed := time.Since(start)
+	stopProfile()
 
 	want := recovery.Written
 	if dryRun {
@@ -169,6 +176,8 @@ func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
 	}
 	names := mirror.DefaultNames()
 	settle()
+	stopProfile := profile(tb, "recovery-raw-read")
+	defer stopProfile()
 	start := time.Now()
 	cons, err := js.OrderedConsumer(ctx, names.Stream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{names.OwnerSubjects(owner(tb))},
@@ -205,6 +214,7 @@ func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
 		}
 	}
 	elapsed := time.Since(start)
+	stopProfile()
 	if n != fx.w.lines {
 		tb.Fatalf("raw read %d messages, want %d", n, fx.w.lines)
 	}
