@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"io/fs"
 
 	"github.com/pisync/pisync/session"
 )
@@ -13,6 +14,21 @@ import (
 // prefixKeep is how much of each line localLines keeps to describe it: enough to read
 // the envelope of all but the largest lines.
 const prefixKeep = 64 << 10
+
+// maxReadBuf is the read buffer of a large file: lines longer are hashed in pieces.
+const maxReadBuf = 256 << 10
+
+// readBufSize fits the read buffer to a file's size: background verification reads
+// thousands of small files, and a buffer of maxReadBuf each is garbage the daemon's
+// heap grows by.
+func readBufSize(r io.Reader) int {
+	if f, ok := r.(interface{ Stat() (fs.FileInfo, error) }); ok {
+		if info, err := f.Stat(); err == nil && info.Mode().IsRegular() {
+			return int(min(max(info.Size()+1, 4096), maxReadBuf))
+		}
+	}
+	return maxReadBuf
+}
 
 // localLine is one complete line of a local file, digested without holding it whole.
 type localLine struct {
@@ -38,7 +54,7 @@ func (l localLine) entryID() string {
 // torn tail (bytes after the last newline). Memory stays bounded whatever the line
 // length: long lines are hashed chunk by chunk.
 func localLines(r io.Reader, fn func(localLine) error) (torn int64, err error) {
-	br := bufio.NewReaderSize(r, 256<<10)
+	br := bufio.NewReaderSize(r, readBufSize(r))
 	h := sha256.New()
 	var (
 		ord  int64
