@@ -69,8 +69,8 @@ func (r *Recoverer) stream(ctx context.Context, keys []string, todo []int, heads
 	hand := func(key string, c *collector) error {
 		delete(pending, key)
 		g, err := c.result(key)
-		if err != nil {
-			left = append(left, index[key]) // One reports it
+		if err != nil { // no line of the generation asked for
+			r.done(reports, index[key], failed(key, r.opts.Generation, Failed, err))
 			return nil
 		}
 		select {

@@ -40,10 +40,12 @@ func TestRunStreamed(t *testing.T) {
 		budget     int64
 		generation int
 		wantScans  int32 // conversation scans by Run: none when the pass holds everything
+		written    int
 	}{
-		{"in one pass", streamBudget, 0, 0},
-		{"generation 1 in one pass", streamBudget, 1, 0},
-		{"over budget", 1, 0, -1}, // -1: one per conversation
+		{"in one pass", streamBudget, 0, 0, 8},
+		{"generation 1 in one pass", streamBudget, 1, 0, 8},
+		{"generation 2 in one pass", streamBudget, 2, 0, 1}, // the others have none: not found
+		{"over budget", 1, 0, -1, 8},                        // -1: one per conversation
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			saved := streamBudget
@@ -153,8 +155,8 @@ func TestRunStreamed(t *testing.T) {
 					t.Errorf("%s: the streamed file differs from the one recovered on its own", key)
 				}
 			}
-			if written != len(keys) {
-				t.Errorf("%d conversations written, want %d", written, len(keys))
+			if written != tc.written {
+				t.Errorf("%d conversations written, want %d", written, tc.written)
 			}
 		})
 	}
