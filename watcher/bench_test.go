@@ -76,3 +76,33 @@ func BenchmarkLineReader(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRescanIdle measures a periodic rescan of files that did not change: a stat of
+// each, nothing read. What it allocates per file is what an idle daemon allocates every
+// RescanInterval, and so how far its heap grows between collections.
+func BenchmarkRescanIdle(b *testing.B) {
+	const files = 2000
+	root := b.TempDir()
+	for i := range files {
+		writeFile(b, filepath.Join(root, fmt.Sprintf("--w%02d--", i%20), fmt.Sprintf("s%05d.jsonl", i)), "{\"type\":\"session\"}\n")
+	}
+	w, err := New(Options{Roots: []string{root}, Sink: &countSink{}, RescanInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-w.Ready()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		w.rescan(ctx, w.roots[0], "periodic", false)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(testing.AllocsPerRun(1, func() { w.rescan(ctx, w.roots[0], "periodic", false) }))/files, "allocs/file")
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}

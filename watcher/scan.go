@@ -109,28 +109,14 @@ func (w *Watcher) walk(ctx context.Context, r *root, dir string, gen uint64, ini
 		if errors.Is(w.watchDir(r, d, fileIDOf(fi), gen), errWatchLimit) {
 			limited = true
 		}
-		entries, err := os.ReadDir(d)
+		subdirs, err := w.listDir(r, d, gen, initial)
 		if err != nil {
 			if !isGone(err) {
 				w.warnDir(d, reasonReadDir, "cannot list directory", err)
 			}
 			continue
 		}
-		for _, e := range entries {
-			p := filepath.Join(d, e.Name())
-			switch typ := e.Type(); {
-			case typ.IsDir():
-				stack = append(stack, p)
-			case typ.IsRegular() && isSessionName(e.Name()):
-				info, err := e.Info()
-				if err != nil {
-					continue
-				}
-				w.mu.Lock()
-				w.touchLocked(r, p, info, gen, initial)
-				w.mu.Unlock()
-			}
-		}
+		stack = append(stack, subdirs...)
 	}
 	return limited, true
 }
@@ -213,9 +199,9 @@ func (w *Watcher) removeWatches(dirs []string) {
 	}
 }
 
-// touchLocked notes that path exists (fi from a scan, or nil after an event) and
+// touchLocked notes that path exists (snap from a scan, or nil after an event) and
 // queues it unless a scan finds it unchanged since it was last read.
-func (w *Watcher) touchLocked(r *root, path string, fi os.FileInfo, gen uint64, initial bool) {
+func (w *Watcher) touchLocked(r *root, path string, snap *statSnap, gen uint64, initial bool) {
 	s := w.files[path]
 	if s == nil {
 		s = &fileState{path: path, rel: relPath(r.path, path), root: r, seenGen: gen}
@@ -234,14 +220,22 @@ func (w *Watcher) touchLocked(r *root, path string, fi os.FileInfo, gen uint64, 
 	if initial && !s.initPending {
 		s.initPending = true
 		w.initLeft++
-	} else if fi != nil && !s.needRun && s.snap.same(fi) {
+	} else if snap != nil && !s.needRun && s.snap.ok && s.snap == *snap {
 		return
 	}
 	w.scheduleLocked(s)
 }
 
-func (a statSnap) same(fi os.FileInfo) bool {
-	return a.ok && a.id == fileIDOf(fi) && a.size == fi.Size() && a.mtime.Equal(fi.ModTime())
+// skipUnchangedLocked reports whether a scan that met the known file s with snap has
+// nothing to do (and records the meeting); otherwise the scan hands s to touchLocked.
+func (w *Watcher) skipUnchangedLocked(s *fileState, snap *statSnap, gen uint64, initial bool) bool {
+	if (initial && !s.initPending) || s.needRun || !s.snap.ok || s.snap != *snap {
+		return false
+	}
+	if gen != 0 {
+		s.seenGen = gen
+	}
+	return true
 }
 
 func relPath(root, path string) string {

@@ -1,0 +1,34 @@
+//go:build !(linux && (amd64 || arm64))
+
+package watcher
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// listDir touches the session files of dir and returns its subdirectories.
+func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var subdirs []string
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		switch typ := e.Type(); {
+		case typ.IsDir():
+			subdirs = append(subdirs, p)
+		case typ.IsRegular() && isSessionName(e.Name()):
+			info, err := e.Info()
+			if err != nil {
+				continue
+			}
+			snap := snapOf(info)
+			w.mu.Lock()
+			w.touchLocked(r, p, &snap, gen, initial)
+			w.mu.Unlock()
+		}
+	}
+	return subdirs, nil
+}
