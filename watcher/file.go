@@ -186,7 +186,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		if !st.Skip {
 			if err = checkStart(f, st, size); err == nil {
 				var n int64
-				fp, n, err = readFP(f, t)
+				fp, n, err = readFP(f, t, &lr.fpBuf)
 				w.addRead(n)
 			}
 			if err != nil {
@@ -226,7 +226,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		w.m.lines.Add(float64(delivered))
 	}
 	if s.t.off != from {
-		fp, n, fpErr := readFP(f, s.t)
+		fp, n, fpErr := readFP(f, s.t, &lr.fpBuf)
 		w.addRead(n)
 		if s.fp = fp; fpErr != nil && err == nil {
 			err = fpErr

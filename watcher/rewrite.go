@@ -3,6 +3,7 @@ package watcher
 import (
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"io"
 )
 
@@ -16,31 +17,36 @@ const fpBytes = 64
 // fingerprint samples what was delivered last, to tell an append (the samples are
 // unchanged) from a rewrite of the same size or larger (they differ): the first bytes
 // of the last delivered line, where Pi puts the entry id, and the bytes just before the
-// next line to deliver.
+// next line to deliver. The samples are kept as hashes, not copies: every file, idle or
+// not, holds a fingerprint, and the two copies took a quarter of its watcher state. A
+// changed sample goes unnoticed with odds of 2^-64, and the seed, random per process,
+// keeps a rewrite from being shaped to collide.
 type fingerprint struct {
 	headOff int64 // offset of the last delivered line; -1 = unknown (resumed from a Start)
-	head    []byte
-	tail    []byte // ends at the next line to deliver, with the '\n' of the line before
+	head    uint64
+	tail    uint64 // of the bytes ending at the next line to deliver, with the '\n' of the line before
 }
 
-// readFP takes the fingerprint of t in r.
-func readFP(r io.ReaderAt, t tail) (fp fingerprint, read int64, err error) {
+var fpSeed = maphash.MakeSeed()
+
+// readFP takes the fingerprint of t in r, reading the samples into scratch.
+func readFP(r io.ReaderAt, t tail, scratch *[fpBytes]byte) (fp fingerprint, read int64, err error) {
 	fp.headOff = t.prev
 	if t.prev >= 0 && t.prev < t.off {
-		fp.head = make([]byte, min(t.off-t.prev, fpBytes))
-		n, err := r.ReadAt(fp.head, t.prev)
+		b := scratch[:min(t.off-t.prev, fpBytes)]
+		n, err := r.ReadAt(b, t.prev)
 		if read += int64(n); err != nil {
 			return fp, read, err
 		}
+		fp.head = maphash.Bytes(fpSeed, b)
 	}
-	fp.tail = make([]byte, min(t.off, fpBytes))
-	n, err := r.ReadAt(fp.tail, t.off-int64(len(fp.tail)))
+	b := scratch[:min(t.off, fpBytes)]
+	n, err := r.ReadAt(b, t.off-int64(len(b)))
+	fp.tail = maphash.Bytes(fpSeed, b[:n])
 	return fp, read + int64(n), err
 }
 
-func (fp fingerprint) equal(o fingerprint) bool {
-	return fp.headOff == o.headOff && bytes.Equal(fp.head, o.head) && bytes.Equal(fp.tail, o.tail)
-}
+func (fp fingerprint) equal(o fingerprint) bool { return fp == o }
 
 // checkStart verifies that a Start fits the file: within it, just after a newline.
 func checkStart(r io.ReaderAt, st Start, size int64) error {
@@ -94,7 +100,7 @@ func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size 
 		}
 	}
 	if !s.skip && s.t.off > 0 {
-		fp, n, err := readFP(r, s.t)
+		fp, n, err := readFP(r, s.t, &lr.fpBuf)
 		w.addRead(n)
 		if err != nil || !fp.equal(s.fp) {
 			return false

@@ -25,6 +25,7 @@ type lineReader struct {
 	acc       []byte
 	maxInline int64
 	now       func() time.Time
+	fpBuf     [fpBytes]byte // samples of a fingerprint
 }
 
 func newLineReader(bufSize int, maxInline int64) *lineReader {

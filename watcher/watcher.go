@@ -44,6 +44,7 @@ type Watcher struct {
 	readyDone bool
 	noEvents  bool // the event source died: every root is polled
 	clock     deadlines
+	bufs      sync.Pool // *readBufs
 
 	bytesRead, lines, events, overflows, rescans, errs, sourceErrs atomic.Int64
 }
@@ -71,6 +72,7 @@ func New(opts Options) (*Watcher, error) {
 		states:    map[string]int{},
 	}
 	w.cond = sync.NewCond(&w.mu)
+	w.bufs.New = func() any { return &readBufs{buf: make([]byte, opts.ReadBuffer)} }
 	for _, p := range opts.Roots {
 		w.roots = append(w.roots, &root{path: p})
 	}
@@ -149,16 +151,26 @@ func (w *Watcher) Stats() Stats {
 
 // worker reads the files handed to it until the watcher closes.
 func (w *Watcher) worker(ctx context.Context) {
-	lr := newLineReader(w.opts.ReadBuffer, w.opts.MaxInlineBytes)
+	lr := newLineReader(0, w.opts.MaxInlineBytes)
 	for {
 		s := w.next()
 		if s == nil {
 			return
 		}
+		b := w.bufs.Get().(*readBufs)
+		lr.buf, lr.acc = b.buf, b.acc[:0]
 		w.run(ctx, lr, s)
+		b.acc = lr.acc
+		lr.buf, lr.acc = nil, nil
+		w.bufs.Put(b)
 		w.done(s)
 	}
 }
+
+// readBufs are a worker's read buffer and line accumulator, lent for one run. They are
+// pooled rather than owned by the worker: while files are idle, the garbage collector
+// takes them back (up to 4 × 256 KiB, plus accumulators grown by long lines).
+type readBufs struct{ buf, acc []byte }
 
 // scheduleLocked queues s for a worker unless it is queued already; a file being read
 // is marked dirty and queued again when its worker is done (one worker per file).
