@@ -80,6 +80,9 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	h, isHeld := st.held[l.Ordinal]
 	if isHeld {
 		delete(st.held, l.Ordinal)
+		if len(st.held) == 0 {
+			st.held = nil // an emptied map keeps its buckets, and the file may idle for days
+		}
 	}
 	st.mu.Unlock()
 	p.classify(st, it, data, f, l)
@@ -98,7 +101,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	ml := mirror.Line{
 		Kind: it.kind, EntryID: entryID(it, l.Ordinal), ParentID: it.env.ParentID,
 		EntryType: entryType(it), Ordinal: l.Ordinal, Generation: st.acked.Generation,
-		SHA256: sha, Format: string(st.header.Format), Host: p.opts.Host, Source: st.file.Rel,
+		SHA256: sha, Format: string(st.format), Host: p.opts.Host, Source: st.file.Rel,
 	}
 	conv := st.conv
 	st.mu.Unlock()

@@ -77,7 +77,7 @@ type Publisher struct {
 	dirtyHead map[*fileState]struct{}
 
 	mu     sync.Mutex
-	byPath map[string]watcher.FileID // root + "\x00" + rel → the file last opened there
+	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
 }

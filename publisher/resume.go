@@ -48,7 +48,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
 				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Uint64("mirror_seq", last))
 		}
-		st.acked = checkpoint.Record{}
+		st.acked = frontier{}
 		st.leaf.Set("")
 	}
 	gens := map[int]map[int64]heldLine{}
@@ -69,7 +69,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		return fmt.Errorf("resume %s: %w", st.conv.Key, err)
 	}
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
-	st.acked = checkpoint.Record{Generation: max(top, 1)}
+	st.acked = frontier{Generation: max(top, 1)}
 	if top == 0 {
 		return nil
 	}

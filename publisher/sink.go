@@ -31,7 +31,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.mu.Lock()
 		st, seen := p.files[f.ID]
 		if !seen {
-			st = &fileState{file: f, skipped: true}
+			st = &fileState{file: withoutHeader(f), skipped: true}
 			p.files[f.ID] = st
 		}
 		p.mu.Unlock()
@@ -44,8 +44,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if why != watcher.Discovered {
 		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
 	}
-	sum := sha256.Sum256(f.Header)
-	hdrSHA := hex.EncodeToString(sum[:])
+	hdrSum := sha256.Sum256(f.Header)
+	hdrSHA := hex.EncodeToString(hdrSum[:])
 
 	// Whatever the watcher saw (an atomic rename over the path can also look like a
 	// new file), a file we knew at this path under another identity is replaced.
@@ -88,7 +88,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.m.notSession.Inc()
 		return watcher.Start{Skip: true}, nil
 	}
-	st := &fileState{file: f, conv: conv, header: hdr, hdrSHA: hdrSHA}
+	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum}
 	start := watcher.Start{}
 	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
 		ok, err := verifyLastLine(f.Path, rec)
@@ -96,7 +96,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 			return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
 		}
 		if ok {
-			st.acked = rec
+			st.acked = frontierOf(rec)
 			st.leaf.Set(rec.Leaf)
 			start = watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}
 		} else {
@@ -113,7 +113,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	p.mu.Lock()
 	p.files[f.ID] = st
-	p.byPath[pathKey(f)] = f.ID
+	p.byPath[f.Path] = f.ID
 	p.mu.Unlock()
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
 		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Int("held", len(st.held)))
@@ -151,7 +151,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 // conversation key passes to the new file instead of looking like a copy.
 func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	p.mu.Lock()
-	id, known := p.byPath[pathKey(f)]
+	id, known := p.byPath[f.Path]
 	old := p.files[id]
 	p.mu.Unlock()
 	if !known || id == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
@@ -170,8 +170,11 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	return nil
 }
 
-// pathKey identifies a file's place in the roots.
-func pathKey(f watcher.File) string { return f.Root + "\x00" + f.Rel }
+// withoutHeader is f as a fileState keeps it: the header bytes are read once, by Open.
+func withoutHeader(f watcher.File) watcher.File {
+	f.Header = nil
+	return f
+}
 
 // vanished reports whether f is no longer at its path (the watcher reports Gone only
 // after a grace period, in case the file was moved).

@@ -1,6 +1,8 @@
 package publisher
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"time"
 
@@ -13,18 +15,25 @@ import (
 )
 
 // fileState is what the publisher knows of one session file. Its mutex guards every field.
+//
+// There is one per session file, idle or not (100,000 on a big host), so it holds only
+// what publishing and the checkpoint and head records need: the header's id, cwd and
+// format rather than the parsed header, its digest as bytes, the frontier without the
+// strings a checkpoint record repeats.
 type fileState struct {
 	mu sync.Mutex
 
-	file    watcher.File
+	file    watcher.File // Header dropped: the watcher has it, and only Open reads it
 	conv    mirror.Conv
-	header  session.Header
-	hdrSHA  string
-	skipped bool // not a session
-	gone    bool // deleted locally
+	id      string // the header's id (the conversation)
+	cwd     string
+	format  session.Format
+	hdrSum  [sha256.Size]byte // digest of line 1
+	skipped bool              // not a session
+	gone    bool              // deleted locally
 
 	// acked is the acknowledged frontier: everything before acked.Offset is in the mirror.
-	acked checkpoint.Record
+	acked frontier
 	leaf  session.Leaf
 
 	queue []*item            // lines read past the frontier, in file order, not yet resolved
@@ -62,32 +71,60 @@ type item struct {
 	slot     bool // holds one of the window's message slots until resolved
 }
 
+// frontier is the acknowledged position in a file: the numbers of a checkpoint.Record,
+// whose other fields record() fills from the file's state.
+type frontier struct {
+	Generation int
+	Offset     int64 // byte offset after the last acknowledged line
+	Ordinal    int64 // ordinal of the next line
+	StreamSeq  uint64
+	LastSHA    string // digest of the last acknowledged line
+	LastLen    int64
+	Entries    int64
+	Bytes      int64
+}
+
+func frontierOf(r checkpoint.Record) frontier {
+	return frontier{Generation: r.Generation, Offset: r.Offset, Ordinal: r.Ordinal, StreamSeq: r.StreamSeq,
+		LastSHA: r.LastSHA, LastLen: r.LastLen, Entries: r.Entries, Bytes: r.Bytes}
+}
+
 func (st *fileState) record() checkpoint.Record {
-	r := st.acked
-	r.Dev, r.Ino = st.file.ID.Dev, st.file.ID.Ino
-	r.HeaderSHA = st.hdrSHA
-	r.Root, r.Rel = st.file.Root, st.file.Rel
-	r.Conversation = st.header.ID
-	r.ConvKey = st.conv.Key
-	r.Format = string(st.header.Format)
-	r.Cwd = st.header.Cwd
-	r.Leaf = st.leaf.ID()
-	r.Deleted = st.gone
-	r.UpdatedAt = time.Now().UTC()
-	return r
+	a := st.acked
+	return checkpoint.Record{
+		Dev: st.file.ID.Dev, Ino: st.file.ID.Ino,
+		HeaderSHA:    hex.EncodeToString(st.hdrSum[:]),
+		Root:         st.file.Root,
+		Rel:          st.file.Rel,
+		Conversation: st.id,
+		ConvKey:      st.conv.Key,
+		Format:       string(st.format),
+		Cwd:          st.cwd,
+		Generation:   a.Generation,
+		Offset:       a.Offset,
+		Ordinal:      a.Ordinal,
+		StreamSeq:    a.StreamSeq,
+		LastSHA:      a.LastSHA,
+		LastLen:      a.LastLen,
+		Leaf:         st.leaf.ID(),
+		Entries:      a.Entries,
+		Bytes:        a.Bytes,
+		Deleted:      st.gone,
+		UpdatedAt:    time.Now().UTC(),
+	}
 }
 
 func (st *fileState) head(host string) mirror.Head {
 	return mirror.Head{
-		Conversation: st.header.ID,
+		Conversation: st.id,
 		Key:          st.conv.Key,
 		Tenant:       st.conv.Owner.Tenant,
 		Owner:        st.conv.Owner.Name,
 		Host:         host,
 		Root:         st.file.Root,
 		Source:       st.file.Rel,
-		Cwd:          st.header.Cwd,
-		Format:       string(st.header.Format),
+		Cwd:          st.cwd,
+		Format:       string(st.format),
 		Generation:   st.acked.Generation,
 		Entries:      st.acked.Entries,
 		LastOrdinal:  st.acked.Ordinal - 1,
