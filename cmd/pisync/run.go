@@ -109,6 +109,8 @@ type daemon struct {
 	watchDone    chan error
 	verifyCancel context.CancelFunc
 	verifyDone   chan struct{}
+	memCancel    context.CancelFunc
+	memDone      chan struct{}
 	up           atomic.Bool // every part started: HTTP handlers may use them
 }
 
@@ -200,6 +202,12 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	if err := d.startVerifier(js, names, owner); err != nil {
 		return nil, err
 	}
+	mctx, mcancel := context.WithCancel(context.Background())
+	d.memCancel, d.memDone = mcancel, make(chan struct{})
+	go func() {
+		defer close(d.memDone)
+		releaseMemory(mctx, log)
+	}()
 	d.up.Store(true)
 	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redactURL(f.conn.url())),
 		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
@@ -267,6 +275,14 @@ func (d *daemon) stopVerifier() {
 	}
 }
 
+func (d *daemon) stopMemoryRelease() {
+	if d.memCancel != nil {
+		d.memCancel()
+		<-d.memDone
+		d.memCancel = nil
+	}
+}
+
 // ready reports whether NATS is reachable and the first scan is done.
 func (d *daemon) ready() (bool, string) {
 	if !d.up.Load() {
@@ -291,6 +307,7 @@ func (d *daemon) stop() error {
 		errs = append(errs, d.http.stop())
 	}
 	d.stopVerifier()
+	d.stopMemoryRelease()
 	d.watchCancel()
 	if err := <-d.watchDone; err != nil && !errors.Is(err, context.Canceled) {
 		errs = append(errs, err)
@@ -310,6 +327,7 @@ func (d *daemon) abort() {
 		_ = d.http.stop()
 	}
 	d.stopVerifier()
+	d.stopMemoryRelease()
 	if d.watchCancel != nil {
 		d.watchCancel()
 		<-d.watchDone

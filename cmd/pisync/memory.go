@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Returning the memory of a burst once the daemon is quiet again.
+//
+// The Go runtime keeps the heap pages it has used up to its heap goal (twice the live
+// heap with the default GOGC) and gives back only what lies above that. The daemon's
+// work comes in bursts, the back-fill at start or a catch-up after an outage, and then it
+// idles for hours with a live heap of a few hundred bytes per file; but it kept the
+// burst's pages: after back-filling 10,000 files it held about twice its live heap, for
+// good. So when the heap holds much free memory and the daemon has allocated next to
+// nothing for a while, it collects and returns the free pages to the system
+// (debug.FreeOSMemory). That costs two collections per burst (milliseconds); memory limits
+// (GOMEMLIMIT) still apply, and GOGC is left alone: a lower one would make every
+// collection of a busy daemon more frequent, and a default memory limit would make the
+// collector run without end on a host with more files than the limit was chosen for.
+const (
+	// memCheckInterval is how often the heap is looked at (reading runtime/metrics
+	// costs microseconds), and how long the daemon must have been quiet.
+	memCheckInterval = 2 * time.Second
+	// memQuietBytes is what the daemon may allocate over one interval and still count as
+	// quiet: a rescan of idle files allocates almost nothing, a back-fill or live
+	// appends allocate megabytes a second.
+	memQuietBytes = 1 << 20
+	// memMinFree is the least free heap worth a collection to return.
+	memMinFree = 8 << 20
+	// memMinSpacing keeps a daemon that alternates between bursts and pauses from
+	// collecting more often than this.
+	memMinSpacing = time.Minute
+)
+
+// releaseMemory runs until ctx ends, returning the free heap after each burst.
+func releaseMemory(ctx context.Context, log *zap.Logger) {
+	samples := []metrics.Sample{
+		{Name: "/gc/heap/allocs:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+	}
+	metrics.Read(samples)
+	lastAllocs := samples[0].Value.Uint64()
+	var lastRelease time.Time
+	t := time.NewTicker(memCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		metrics.Read(samples)
+		allocs, free, objects := samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
+		quiet := allocs-lastAllocs < memQuietBytes
+		lastAllocs = allocs
+		// Free memory below a quarter of the objects is the ordinary slack between two
+		// collections, not what a burst left.
+		if !quiet || free < memMinFree || free < objects/4 || time.Since(lastRelease) < memMinSpacing {
+			continue
+		}
+		// Two collections: the first moves what sync.Pools cache (read buffers, encoders of
+		// /metrics) to their victim caches, the second frees it with the rest.
+		runtime.GC()
+		debug.FreeOSMemory()
+		lastRelease = time.Now()
+		metrics.Read(samples)
+		lastAllocs = samples[0].Value.Uint64()
+		log.Debug("returned the free heap after a burst", zap.Uint64("free_bytes", free),
+			zap.Uint64("heap_objects_bytes", samples[2].Value.Uint64()))
+	}
+}
