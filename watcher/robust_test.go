@@ -270,3 +270,35 @@ func TestMetricsRegister(t *testing.T) {
 		t.Errorf("register on a second registry: %v", err)
 	}
 }
+
+// A rescan compares each file's identity, size and modification time with what the last
+// run saw (on Linux from fstatat relative to the directory): a file rewritten in place to
+// the same size, with its events lost, is still looked at again, and found rewritten.
+func TestRescanSeesSameSizeRewrite(t *testing.T) {
+	root := t.TempDir()
+	a := filepath.Join(root, "--w--", "a.jsonl")
+	lines := session("same-size", 3)
+	writeFile(t, a, joinLines(lines...))
+	src := newFakeSource(t)
+	h := start(t, newRecSink(), []string{root}, func(o *Options) { o.Events = src })
+	h.ready(t)
+	waitLines(t, h.sink, a, lines...)
+
+	src.drop.Store(true)
+	rewritten := append([]string(nil), lines...)
+	last := []byte(rewritten[len(rewritten)-1])
+	last[len(last)-3] ^= 1 // same length, other bytes
+	rewritten[len(rewritten)-1] = string(last)
+	if err := os.WriteFile(a, []byte(joinLines(rewritten...)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(a, later, later); err != nil {
+		t.Fatal(err)
+	}
+	src.errors <- fsnotify.ErrEventOverflow
+	waitFor(t, "reopened as rewritten", func() bool {
+		r := h.sink.reasons(a)
+		return len(r) == 2 && r[1] == Truncated
+	})
+}
