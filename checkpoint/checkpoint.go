@@ -25,26 +25,29 @@ var bucketName = []byte("files")
 
 // Record is the acknowledged frontier of one session file.
 type Record struct {
-	Dev          uint64    `json:"dev"`
-	Ino          uint64    `json:"ino"`
-	HeaderSHA    string    `json:"header_sha"` // fingerprint of line 1: tells a reused inode from the same file
-	Root         string    `json:"root"`
-	Rel          string    `json:"rel"`
-	Conversation string    `json:"conversation"` // header id
-	ConvKey      string    `json:"conv_key"`     // conversation key in the mirror
-	Format       string    `json:"format"`
-	Cwd          string    `json:"cwd,omitempty"`
-	Generation   int       `json:"generation"`
-	Offset       int64     `json:"offset"`   // byte offset after the last acknowledged line
-	Ordinal      int64     `json:"ordinal"`  // ordinal of the next line
-	StreamSeq    uint64    `json:"seq"`      // stream sequence of the last acknowledged line
-	LastSHA      string    `json:"last_sha"` // digest of the last acknowledged line
-	LastLen      int64     `json:"last_len"` // its length without the newline
-	Leaf         string    `json:"leaf"`
-	Entries      int64     `json:"entries"`
-	Bytes        int64     `json:"bytes"`
-	Deleted      bool      `json:"deleted,omitempty"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	Dev          uint64 `json:"dev"`
+	Ino          uint64 `json:"ino"`
+	HeaderSHA    string `json:"header_sha"` // fingerprint of line 1: tells a reused inode from the same file
+	Root         string `json:"root"`
+	Rel          string `json:"rel"`
+	Conversation string `json:"conversation"` // header id
+	ConvKey      string `json:"conv_key"`     // conversation key in the mirror
+	Format       string `json:"format"`
+	Cwd          string `json:"cwd,omitempty"`
+	Generation   int    `json:"generation"`
+	Offset       int64  `json:"offset"`   // byte offset after the last acknowledged line
+	Ordinal      int64  `json:"ordinal"`  // ordinal of the next line
+	StreamSeq    uint64 `json:"seq"`      // stream sequence of the last acknowledged line
+	LastSHA      string `json:"last_sha"` // digest of the last acknowledged line
+	LastLen      int64  `json:"last_len"` // its length without the newline
+	Leaf         string `json:"leaf"`
+	Entries      int64  `json:"entries"`
+	Bytes        int64  `json:"bytes"`
+	Deleted      bool   `json:"deleted,omitempty"`
+	// HeadSeq is the StreamSeq of the last head written to the mirror: a daemon killed
+	// after committing a checkpoint but before writing the head rewrites it at start.
+	HeadSeq   uint64    `json:"head_seq,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Key is the store key of a file identity.

@@ -235,6 +235,11 @@ func (p *Publisher) flush(ctx context.Context) error {
 	p.stageCheckpoints()
 	err := p.opts.Checkpoints.Commit()
 	p.flushHeads(ctx)
+	// Record the heads just written, so that the next start does not write them again.
+	p.stageCheckpoints()
+	if cerr := p.opts.Checkpoints.Commit(); err == nil {
+		err = cerr
+	}
 	return err
 }
 
@@ -322,6 +327,16 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()
+			j.st.mu.Lock()
+			if j.head.LastSeq > j.st.headSeq {
+				// Recorded in the next checkpoint, so that a restart knows the head is
+				// written (see Open).
+				j.st.headSeq, j.st.cpDirty = j.head.LastSeq, true
+				p.dirtyMu.Lock()
+				p.dirtyCP[j.st] = struct{}{}
+				p.dirtyMu.Unlock()
+			}
+			j.st.mu.Unlock()
 			if p.headFailures.Swap(0) > 0 {
 				p.log.Info("head updates resumed")
 			}

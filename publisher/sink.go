@@ -97,6 +97,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		}
 		if ok {
 			st.acked = frontierOf(rec)
+			st.headSeq = rec.HeadSeq
 			st.leaf.Set(rec.Leaf)
 			start = watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}
 		} else {
@@ -111,10 +112,19 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if st.acked.Offset == 0 {
 		start = watcher.Start{}
 	}
+	if st.acked.StreamSeq > st.headSeq {
+		// The head was not written after the lines the checkpoint (or the mirror) says
+		// are acknowledged: the daemon died in between. Write it now, or it stays behind
+		// (or missing) until the file grows again.
+		st.headDirty = true
+	}
 	p.mu.Lock()
 	p.files[f.ID] = st
 	p.byPath[f.Path] = f.ID
 	p.mu.Unlock()
+	if st.headDirty {
+		p.noteDirty(st)
+	}
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
 		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Int("held", len(st.held)))
 	return start, nil

@@ -45,6 +45,7 @@ type fileState struct {
 	seenEnd   int64         // end of the last line read
 	cpDirty   bool
 	headDirty bool
+	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
 }
 
 // heldLine is a line the mirror holds: its digest and stream sequence.
@@ -110,6 +111,7 @@ func (st *fileState) record() checkpoint.Record {
 		Entries:      a.Entries,
 		Bytes:        a.Bytes,
 		Deleted:      st.gone,
+		HeadSeq:      st.headSeq,
 		UpdatedAt:    time.Now().UTC(),
 	}
 }

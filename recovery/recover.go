@@ -44,12 +44,22 @@ func New(m Mirror, opts Options) *Recoverer {
 }
 
 // Keys resolves a selection into conversation keys: with all, every conversation of the
-// owner; otherwise each id, plus the keys its copies were mirrored under after a clash
-// (two local files with one id). The result is sorted and without repeats.
+// owner, those with a head and those with messages in the stream (a daemon killed before
+// writing a head leaves a conversation without one); otherwise each id, plus the keys its
+// copies were mirrored under after a clash (two local files with one id). The result is
+// sorted and without repeats.
 func Keys(ctx context.Context, m Mirror, ids []string, all bool) ([]string, error) {
 	heads, err := m.Heads(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if all {
+		// Where the layout does not allow counting, the heads are what there is.
+		if counts, err := m.Counts(ctx); err == nil {
+			for key := range counts {
+				heads = append(heads, mirror.Head{Key: key})
+			}
+		}
 	}
 	set := map[string]bool{}
 	for _, id := range ids {

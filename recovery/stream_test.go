@@ -95,7 +95,9 @@ func TestRunStreamed(t *testing.T) {
 					break
 				}
 			}
-			for _, c := range convs {
+			// The first conversation has no head (its daemon was killed before writing
+			// it): --all finds it by its messages.
+			for _, c := range convs[1:] {
 				head := c.head
 				tm.publish(t, c.m, nil, &head)
 			}

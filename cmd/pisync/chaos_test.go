@@ -238,11 +238,11 @@ func TestChaos(t *testing.T) {
 		rel, _ := filepath.Rel(root, f.Path)
 		got, err := os.ReadFile(filepath.Join(out, rel))
 		if err != nil {
-			t.Errorf("seed %d: %s not recovered: %v", seed, rel, err)
+			t.Errorf("seed %d: %s not recovered: %v\nreports of conversation %s:\n%s", seed, rel, err, f.ID, reportsOf(stdout.Bytes(), f.ID))
 			continue
 		}
 		if !bytes.Equal(got, f.Content()) {
-			t.Errorf("seed %d: recovered %s differs from the local file", seed, rel)
+			t.Errorf("seed %d: recovered %s differs from the local file\nreports of conversation %s:\n%s", seed, rel, f.ID, reportsOf(stdout.Bytes(), f.ID))
 		}
 	}
 }
@@ -267,6 +267,24 @@ func (l *lockedBuffer) tail(n int) string {
 }
 
 // failedReports picks the conversations recover did not restore out of its --json report.
+// reportsOf returns recover's reports of conversation id (and of its clash keys).
+func reportsOf(report []byte, id string) string {
+	var doc struct {
+		Conversations []map[string]any `json:"conversations"`
+	}
+	if err := json.Unmarshal(report, &doc); err != nil {
+		return string(report[:min(len(report), 4096)])
+	}
+	var out []string
+	for _, c := range doc.Conversations {
+		if conv, _ := c["conversation"].(string); conv == id || strings.HasPrefix(c["key"].(string), id) {
+			b, _ := json.Marshal(c)
+			out = append(out, string(b))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func failedReports(report []byte) string {
 	var doc struct {
 		Conversations []map[string]any `json:"conversations"`
