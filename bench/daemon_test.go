@@ -90,6 +90,9 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 	args := append([]string{"run", "--nats", url, "--root", root, "--state-dir", filepath.Join(dir, "state"),
 		"--http-addr", d.addr, "--tenant", benchTenant, "--owner", benchOwner, "--host", benchHost,
 		"--log-level", "warn"}, extra...)
+	if *flagProfileDir != "" {
+		args = append(args, "--pprof")
+	}
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.Env = cleanEnv()
@@ -305,4 +308,27 @@ func (d *daemonProc) waitMirrored(tb testing.TB, start time.Time, files int, byt
 		}
 		time.Sleep(max(50*time.Millisecond, now/100))
 	}
+}
+
+// profile takes a CPU profile of the daemon over the next dur through its /debug/pprof
+// (served with --pprof, which startDaemon adds when -cpuprofile-dir is set), in the
+// background, into -cpuprofile-dir as name-<run>.cpu. The returned function waits for it.
+func (d *daemonProc) profile(tb testing.TB, name string, dur time.Duration) func() {
+	tb.Helper()
+	if *flagProfileDir == "" {
+		return func() {}
+	}
+	path := profilePath(tb, name)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b, err := d.get(fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(dur.Seconds()))))
+		if err == nil {
+			err = os.WriteFile(path, b, 0o644)
+		}
+		if err != nil {
+			tb.Logf("daemon profile %s: %v", name, err)
+		}
+	}()
+	return func() { <-done }
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -69,6 +70,8 @@ func runIdle(tb testing.TB, files, entries int, dur time.Duration, passes int, f
 	time.Sleep(min(10*time.Second, dur))
 	s0 := d.stat(tb)
 	load := startLoad()
+	waitProfile := d.profile(tb, "idle-"+profileName(flags), dur)
+	defer waitProfile()
 	t0 := time.Now()
 	r := idleResult{files: files, backfill: run.mirrored, idleRSS: s0.rss}
 	for time.Since(t0) < dur {
@@ -131,7 +134,10 @@ func runDaemonBackfill(tb testing.TB, w *workload) daemonRun {
 	load := startLoad()
 	start := time.Now()
 	d := startDaemon(tb, t.url, w.root)
+	// The first 20 s of the back-fill (most of it for the big file), while it runs.
+	waitProfile := d.profile(tb, fmt.Sprintf("daemon-backfill-%d-files", len(w.files)), 20*time.Second)
 	r := d.waitMirrored(tb, start, len(w.files), w.bytes, 2*time.Hour)
+	waitProfile()
 	r.others = load.othersPercent(r.cpu)
 	d.stop(tb)
 	return r
@@ -155,4 +161,12 @@ func (d *daemonProc) waitVerified(tb testing.TB, passes, files int, timeout time
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// profileName names a variant of the idle case by its flags.
+func profileName(flags []string) string {
+	if len(flags) == 0 {
+		return "defaults"
+	}
+	return strings.ReplaceAll(strings.Join(flags, "_"), "--", "")
 }

@@ -22,13 +22,7 @@ func profile(tb testing.TB, name string) func() {
 	if *flagProfileDir == "" {
 		return func() {}
 	}
-	if err := os.MkdirAll(*flagProfileDir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	n, _ := profileRuns.LoadOrStore(name, new(int))
-	run := n.(*int)
-	*run++
-	f, err := os.Create(filepath.Join(*flagProfileDir, name+"-"+strconv.Itoa(*run)+".cpu"))
+	f, err := os.Create(profilePath(tb, name))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -43,4 +37,16 @@ func profile(tb testing.TB, name string) func() {
 			f.Close()
 		})
 	}
+}
+
+// profilePath is the next file of the profiles of name in -cpuprofile-dir.
+func profilePath(tb testing.TB, name string) string {
+	tb.Helper()
+	if err := os.MkdirAll(*flagProfileDir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	n, _ := profileRuns.LoadOrStore(name, new(int))
+	run := n.(*int)
+	*run++
+	return filepath.Join(*flagProfileDir, name+"-"+strconv.Itoa(*run)+".cpu")
 }

@@ -9,6 +9,7 @@ import (
 	"html/template"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -47,6 +48,15 @@ func (s *httpServer) stop() error {
 // httpHandler routes the daemon's HTTP endpoints.
 func (d *daemon) httpHandler() http.Handler {
 	mux := http.NewServeMux()
+	if d.f != nil && d.f.pprof {
+		// Off by default: profiles show paths and internals, and a CPU profile costs
+		// the daemon while it runs.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	if d.reg != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{
 			ErrorHandling:       promhttp.ContinueOnError,

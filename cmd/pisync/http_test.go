@@ -510,3 +510,18 @@ func TestStatusFormatting(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPPprof: Go's profiles are served only with --pprof.
+func TestHTTPPprof(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		d := &daemon{f: &runFlags{pprof: on}, log: zaptest.NewLogger(t)}
+		h := d.httpHandler()
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if want := map[bool]int{false: http.StatusNotFound, true: http.StatusOK}[on]; rec.Code != want {
+				t.Errorf("--pprof=%v: GET %s: %d, want %d", on, path, rec.Code, want)
+			}
+		}
+	}
+}

@@ -44,6 +44,7 @@ type runFlags struct {
 	provision      string
 	verifyInterval time.Duration
 	verifyRate     float64
+	pprof          bool
 }
 
 func (f *runFlags) register(fs *flag.FlagSet) {
@@ -67,6 +68,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.verifyInterval, "verify-interval", 10*time.Minute, "background verification of local files against the mirror, one pass per interval (0: off)")
 	fs.Float64Var(&f.verifyRate, "verify-rate", 20, "background verification: files per second at most")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 15*time.Second, "at shutdown, how long to wait for publishes in flight")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on --http-addr")
 }
 
 // RunCommand runs the daemon until ctx ends, then shuts down gracefully: stop reading,
