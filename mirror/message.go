@@ -59,24 +59,31 @@ type Line struct {
 // NewMsg builds the message of one line of conversation c. body is the line's exact
 // bytes without its newline (empty for a blob reference).
 func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
+	// One backing array for every header value: a map entry's []string of its own would
+	// be a dozen allocations per line.
+	vals := make([]string, 0, 12)
 	h := make(nats.Header, 12)
-	h[HdrMsgID] = []string{c.MsgID(l.Generation, l.EntryID)}
-	h[HdrKind] = []string{string(l.Kind)}
-	h[HdrEntryID] = []string{l.EntryID}
+	set := func(k, v string) {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set(HdrMsgID, c.MsgID(l.Generation, l.EntryID))
+	set(HdrKind, string(l.Kind))
+	set(HdrEntryID, l.EntryID)
 	if l.ParentID != "" {
-		h[HdrParentID] = []string{l.ParentID}
+		set(HdrParentID, l.ParentID)
 	}
 	if l.EntryType != "" {
-		h[HdrEntryType] = []string{l.EntryType}
+		set(HdrEntryType, l.EntryType)
 	}
-	h[HdrOrdinal] = []string{strconv.FormatInt(l.Ordinal, 10)}
-	h[HdrGeneration] = []string{strconv.Itoa(l.Generation)}
-	h[HdrSHA256] = []string{l.SHA256}
-	h[HdrFormat] = []string{l.Format}
-	h[HdrHost] = []string{l.Host}
-	h[HdrSource] = []string{l.Source}
+	set(HdrOrdinal, strconv.FormatInt(l.Ordinal, 10))
+	set(HdrGeneration, strconv.Itoa(l.Generation))
+	set(HdrSHA256, l.SHA256)
+	set(HdrFormat, l.Format)
+	set(HdrHost, l.Host)
+	set(HdrSource, l.Source)
 	if l.Kind == KindBlob {
-		h[HdrBlobSize] = []string{strconv.FormatInt(l.BlobSize, 10)}
+		set(HdrBlobSize, strconv.FormatInt(l.BlobSize, 10))
 	}
 	return &nats.Msg{Subject: n.Subject(c), Header: h, Data: body}
 }

@@ -3,6 +3,7 @@ package mirror
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -114,7 +115,8 @@ func (c Conv) MsgID(generation int, entryID string) string {
 		// falls back to an unambiguous form instead of panicking.
 		e = "_invalid"
 	}
-	return fmt.Sprintf("%s.%d.%s", c.HeadKey(), generation, e)
+	// Built by hand: the publisher makes one per line, and Sprintf was 3% of a back-fill.
+	return c.Owner.tenant + "." + c.Owner.owner + "." + c.key + "." + strconv.Itoa(generation) + "." + e
 }
 
 // ObjectName is the object-store name of a blob: owner-scoped and content-addressed.
