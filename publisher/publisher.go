@@ -234,11 +234,21 @@ func (p *Publisher) headLoop() {
 func (p *Publisher) flush(ctx context.Context) error {
 	p.stageCheckpoints()
 	err := p.opts.Checkpoints.Commit()
-	p.flushHeads(ctx)
+	written := p.flushHeads(ctx)
 	// Record the heads just written, so that the next start does not write them again.
-	p.stageCheckpoints()
-	if cerr := p.opts.Checkpoints.Commit(); err == nil {
-		err = cerr
+	for _, st := range written {
+		st.mu.Lock()
+		st.cpDirty = true
+		st.mu.Unlock()
+		p.dirtyMu.Lock()
+		p.dirtyCP[st] = struct{}{}
+		p.dirtyMu.Unlock()
+	}
+	if len(written) > 0 {
+		p.stageCheckpoints()
+		if cerr := p.opts.Checkpoints.Commit(); err == nil {
+			err = cerr
+		}
 	}
 	return err
 }
@@ -287,8 +297,9 @@ func (p *Publisher) stageCheckpoints() {
 	}
 }
 
-// flushHeads writes the head of every conversation whose frontier moved, a few at a time.
-func (p *Publisher) flushHeads(ctx context.Context) {
+// flushHeads writes the head of every conversation whose frontier moved, a few at a time,
+// and returns the files whose head it wrote.
+func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 	type job struct {
 		st   *fileState
 		conv mirror.Conv
@@ -305,6 +316,8 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 	}
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
+	var writtenMu sync.Mutex
+	written := make([]*fileState, 0, len(jobs))
 	for _, j := range jobs {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -327,20 +340,21 @@ func (p *Publisher) flushHeads(ctx context.Context) {
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()
+			// Recorded by the file's next checkpoint, so that a restart knows the head is
+			// written (see Open). Not a checkpoint of its own: that would double the
+			// commits of a live file; a crash before the next one costs a head written
+			// twice.
 			j.st.mu.Lock()
-			if j.head.LastSeq > j.st.headSeq {
-				// Recorded in the next checkpoint, so that a restart knows the head is
-				// written (see Open).
-				j.st.headSeq, j.st.cpDirty = j.head.LastSeq, true
-				p.dirtyMu.Lock()
-				p.dirtyCP[j.st] = struct{}{}
-				p.dirtyMu.Unlock()
-			}
+			j.st.headSeq = max(j.st.headSeq, j.head.LastSeq)
 			j.st.mu.Unlock()
+			writtenMu.Lock()
+			written = append(written, j.st)
+			writtenMu.Unlock()
 			if p.headFailures.Swap(0) > 0 {
 				p.log.Info("head updates resumed")
 			}
 		}(j)
 	}
 	wg.Wait()
+	return written
 }
