@@ -44,6 +44,8 @@ func releaseMemory(ctx context.Context, log *zap.Logger) {
 		{Name: "/gc/heap/allocs:bytes"},
 		{Name: "/memory/classes/heap/free:bytes"},
 		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"},
+		{Name: "/gc/heap/live:bytes"},
 	}
 	metrics.Read(samples)
 	lastAllocs := samples[0].Value.Uint64()
@@ -57,12 +59,17 @@ func releaseMemory(ctx context.Context, log *zap.Logger) {
 		case <-t.C:
 		}
 		metrics.Read(samples)
-		allocs, free, objects := samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
+		allocs := samples[0].Value.Uint64()
+		free, objects, unused, live := samples[1].Value.Uint64(), samples[2].Value.Uint64(), samples[3].Value.Uint64(), samples[4].Value.Uint64()
 		quiet := allocs-lastAllocs < memQuietBytes
 		lastAllocs = allocs
-		// Free memory below a quarter of the objects is the ordinary slack between two
-		// collections, not what a burst left.
-		if !quiet || free < memMinFree || free < objects/4 || time.Since(lastRelease) < memMinSpacing {
+		// What a collection and a release could return: free pages, unused space in
+		// spans, and the objects beyond those live at the last collection. After a burst
+		// most of it is garbage not collected yet, which an idle daemon, allocating next
+		// to nothing, would keep for good: no collection comes. Less than a quarter of the
+		// live heap is the ordinary slack between two collections.
+		slack := free + unused + objects - min(objects, live)
+		if !quiet || slack < memMinFree || slack < live/4 || time.Since(lastRelease) < memMinSpacing {
 			continue
 		}
 		// Two collections: the first moves what sync.Pools cache (read buffers, encoders of
@@ -72,7 +79,7 @@ func releaseMemory(ctx context.Context, log *zap.Logger) {
 		lastRelease = time.Now()
 		metrics.Read(samples)
 		lastAllocs = samples[0].Value.Uint64()
-		log.Debug("returned the free heap after a burst", zap.Uint64("free_bytes", free),
+		log.Debug("returned the free heap after a burst", zap.Uint64("slack_bytes", slack),
 			zap.Uint64("heap_objects_bytes", samples[2].Value.Uint64()))
 	}
 }
