@@ -66,19 +66,25 @@ func LineFromMsg(m mirror.Msg) Line {
 	return l
 }
 
-// withTimestamps scans the lines whose envelope came from their headers, for their
-// timestamps: what a synthesized header or a placeholder is dated by.
-func withTimestamps(lines []Line) {
+// withTimestamps returns lines with the envelopes that came from their headers scanned
+// from the lines, for their timestamps: what a synthesized header or a placeholder is
+// dated by. It changes a copy, when there is anything to change.
+func withTimestamps(lines []Line) []Line {
+	out := lines
 	for i := range lines {
-		l := &lines[i]
-		if !l.unscanned {
+		if !lines[i].unscanned {
 			continue
 		}
+		if &out[0] == &lines[0] {
+			out = append([]Line(nil), lines...)
+		}
+		l := &out[i]
 		if env, err := session.ScanEntry(l.Data); err == nil {
 			l.Env = env
 		}
 		l.unscanned = false
 	}
+	return out
 }
 
 // Input is what Rebuild works from: one generation's lines and the conversation's head.
@@ -158,7 +164,7 @@ func Rebuild(in Input) (*Plan, error) {
 	}
 	rep.Complete = len(rep.Missing) == 0
 	if !rep.Complete || lines[0].Ordinal != 0 {
-		withTimestamps(lines)
+		lines = withTimestamps(lines)
 	}
 
 	// Line 1: the mirrored header, or one made up from what the mirror knows.
@@ -169,8 +175,7 @@ func Rebuild(in Input) (*Plan, error) {
 		if h, err := session.ParseHeader(lines[0].Data); err == nil {
 			p.Header, rep.Conversation = h, h.ID
 		} else {
-			withTimestamps(lines)
-			p.Header, _, _ = synthHeader(in, lines, format, p.Source) // for the output path only
+			p.Header, _, _ = synthHeader(in, withTimestamps(lines), format, p.Source) // for the output path only
 		}
 	} else {
 		h, b, cwdFrom := synthHeader(in, lines, format, p.Source)
@@ -205,8 +210,17 @@ func Rebuild(in Input) (*Plan, error) {
 }
 
 // ordered sorts lines by ordinal and drops repeated ordinals, keeping the first stored;
-// a repeat with other bytes is a conflict, one with the same bytes only counted.
+// a repeat with other bytes is a conflict, one with the same bytes only counted. Lines
+// mirrored by one daemon arrive in order: then they are returned as they are, without a
+// copy (the rebuild copies before it changes one).
 func ordered(in []Line, rep *Report) []Line {
+	inOrder := true
+	for i := 1; i < len(in) && inOrder; i++ {
+		inOrder = in[i-1].Ordinal < in[i].Ordinal
+	}
+	if inOrder {
+		return in[:len(in):len(in)]
+	}
 	lines := append([]Line(nil), in...)
 	sort.SliceStable(lines, func(i, j int) bool {
 		if lines[i].Ordinal != lines[j].Ordinal {
