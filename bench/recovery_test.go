@@ -119,11 +119,11 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 	stopProfile := profile(tb, name)
 	defer stopProfile()
 	start := time.Now()
-	keys, err := recovery.Keys(ctx, m, nil, true)
+	sel, err := recovery.Select(ctx, m, nil, true)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	reps := recovery.New(m, recovery.Options{Out: out, Parallel: parallel, DryRun: dryRun}).Run(ctx, keys)
+	reps := recovery.New(m, recovery.Options{Out: out, Parallel: parallel, DryRun: dryRun}).Run(ctx, sel)
 	elapsed := time.Since(start)
 	stopProfile()
 

@@ -28,6 +28,15 @@ type Head struct {
 	UpdatedAt    time.Time `json:"updated_at"`              //
 }
 
+// ConvKey is the conversation's key in the mirror: Key, or the header id for a head
+// written before keys were recorded.
+func (h Head) ConvKey() string {
+	if h.Key != "" {
+		return h.Key
+	}
+	return h.Conversation
+}
+
 // EncodeHead is the bucket value of h.
 func EncodeHead(h Head) []byte {
 	b, _ := json.Marshal(h) // a struct of plain fields cannot fail to marshal

@@ -169,11 +169,7 @@ func Survey(ctx context.Context, m HeadLister, roots []string, host string) ([]P
 	byKey := map[string]int{}
 	for i, h := range heads {
 		byLoc[loc{h.Host, filepath.Clean(h.Root), h.Source}] = i
-		key := h.Key
-		if key == "" {
-			key = h.Conversation
-		}
-		byKey[key] = i
+		byKey[h.ConvKey()] = i
 	}
 	used := make([]bool, len(heads))
 	pairs := make([]Pair, 0, len(files))

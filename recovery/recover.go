@@ -43,47 +43,58 @@ func New(m Mirror, opts Options) *Recoverer {
 	return &Recoverer{m: m, opts: opts, claimed: map[string]string{}}
 }
 
-// Keys resolves a selection into conversation keys: with all, every conversation of the
+// Selection is the conversations to recover, and what the mirror said of them when they
+// were selected: Run reads them without asking again.
+type Selection struct {
+	Keys   []string // sorted, without repeats
+	heads  map[string]mirror.Head
+	owned  int               // conversations of the owner: with a head or with messages
+	counts map[string]uint64 // messages of each conversation; nil: not counted
+}
+
+// Select resolves a selection into conversation keys: with all, every conversation of the
 // owner, those with a head and those with messages in the stream (a daemon killed before
 // writing a head leaves a conversation without one); otherwise each id, plus the keys its
-// copies were mirrored under after a clash (two local files with one id). The result is
-// sorted and without repeats.
-func Keys(ctx context.Context, m Mirror, ids []string, all bool) ([]string, error) {
+// copies were mirrored under after a clash (two local files with one id).
+func Select(ctx context.Context, m Mirror, ids []string, all bool) (Selection, error) {
 	heads, err := m.Heads(ctx)
 	if err != nil {
-		return nil, err
+		return Selection{}, err
 	}
-	if all {
-		// Where the layout does not allow counting, the heads are what there is.
-		if counts, err := m.Counts(ctx); err == nil {
-			for key := range counts {
-				heads = append(heads, mirror.Head{Key: key})
-			}
-		}
-	}
+	sel := Selection{heads: make(map[string]mirror.Head, len(heads))}
 	set := map[string]bool{}
 	for _, id := range ids {
 		set[id] = true
 	}
 	for _, h := range heads {
-		key := h.Key
-		if key == "" {
-			key = h.Conversation
-		}
+		sel.heads[h.ConvKey()] = h
 		if all || set[h.Conversation] {
-			set[key] = true
+			set[h.ConvKey()] = true
 		}
 	}
-	keys := make([]string, 0, len(set))
-	for k := range set {
-		keys = append(keys, k)
+	sel.owned = len(sel.heads)
+	if all {
+		// Where the layout does not allow counting, the heads are what there is.
+		if counts, err := m.Counts(ctx); err == nil {
+			sel.counts = counts
+			for key := range counts {
+				set[key] = true
+				if _, ok := sel.heads[key]; !ok {
+					sel.owned++
+				}
+			}
+		}
 	}
-	sort.Strings(keys)
-	return keys, nil
+	sel.Keys = make([]string, 0, len(set))
+	for k := range set {
+		sel.Keys = append(sel.Keys, k)
+	}
+	sort.Strings(sel.Keys)
+	return sel, nil
 }
 
-// Run recovers each key, Options.Parallel at a time, and returns the reports in the
-// order of keys.
+// Run recovers each key of sel, Options.Parallel at a time, and returns the reports in
+// the order of sel.Keys.
 //
 // When the keys are a good share of the owner's conversations, it reads them all in one
 // pass over the owner's messages (see stream), which spares the server a lookup of each
@@ -92,33 +103,17 @@ func Keys(ctx context.Context, m Mirror, ids []string, all bool) ([]string, erro
 // from the heads), so that conversations stored close together are read close together
 // in time: the server then loads each block of the stream from disk about once, instead
 // of about once per conversation in the order of their keys, which are random.
-func (r *Recoverer) Run(ctx context.Context, keys []string) []Report {
+func (r *Recoverer) Run(ctx context.Context, sel Selection) []Report {
+	keys := sel.Keys
 	reports := make([]Report, len(keys))
 	todo := make([]int, len(keys))
 	for i := range todo {
 		todo[i] = i
 	}
-	if len(keys) <= r.opts.Parallel {
-		r.each(ctx, keys, todo, reports)
-		return reports
+	if streamWorth(len(keys), sel.owned, r.opts.Parallel) {
+		todo = r.stream(ctx, sel, todo, reports)
 	}
-	heads, err := r.m.Heads(ctx)
-	if err != nil {
-		r.each(ctx, keys, todo, reports) // One reports what is wrong with the mirror, key by key
-		return reports
-	}
-	byKey := make(map[string]mirror.Head, len(heads))
-	for _, h := range heads {
-		key := h.Key
-		if key == "" {
-			key = h.Conversation
-		}
-		byKey[key] = h
-	}
-	if streamWorth(len(keys), len(heads), r.opts.Parallel) {
-		todo = r.stream(ctx, keys, todo, byKey, reports)
-	}
-	r.each(ctx, keys, streamOrder(keys, todo, byKey), reports)
+	r.each(ctx, keys, streamOrder(keys, todo, sel.heads), reports)
 	return reports
 }
 

@@ -186,14 +186,14 @@ func TestRecoverIsolation(t *testing.T) {
 		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
 			t.Errorf("%v: %s %s", other, rep.Result, rep.Reason)
 		}
-		keys, err := Keys(testCtx(t), tm.r, nil, true)
-		if err != nil || len(keys) != 0 {
-			t.Errorf("%v sees %v (%v)", other, keys, err)
+		sel, err := Select(testCtx(t), tm.r, nil, true)
+		if err != nil || len(sel.Keys) != 0 {
+			t.Errorf("%v sees %v (%v)", other, sel.Keys, err)
 		}
 	}
-	keys, err := Keys(testCtx(t), alice.r, nil, true)
-	if err != nil || len(keys) != 1 || keys[0] != m.conv {
-		t.Errorf("alice sees %v (%v)", keys, err)
+	sel, err := Select(testCtx(t), alice.r, nil, true)
+	if err != nil || len(sel.Keys) != 1 || sel.Keys[0] != m.conv {
+		t.Errorf("alice sees %v (%v)", sel.Keys, err)
 	}
 }
 

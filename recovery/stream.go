@@ -27,10 +27,13 @@ func streamWorth(keys, owned, parallel int) bool {
 // conversation leaves out what comes after it started). It returns the indices it did
 // not recover: dropped to keep within streamBudget, without messages, or left when the
 // pass failed. One reads those, and reports whatever is wrong with them.
-func (r *Recoverer) stream(ctx context.Context, keys []string, todo []int, heads map[string]mirror.Head, reports []Report) (left []int) {
-	counts, err := r.m.Counts(ctx)
-	if err != nil {
-		return todo
+func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, reports []Report) (left []int) {
+	keys, heads, counts := sel.Keys, sel.heads, sel.counts
+	if counts == nil {
+		var err error
+		if counts, err = r.m.Counts(ctx); err != nil {
+			return todo
+		}
 	}
 	pending := map[string]*collector{}
 	index := map[string]int{}
@@ -83,7 +86,7 @@ func (r *Recoverer) stream(ctx context.Context, keys []string, todo []int, heads
 	}
 
 	var held int64
-	err = r.m.ScanOwner(ctx, mirror.ScanOptions{}, func(key string, msg mirror.Msg) error {
+	err := r.m.ScanOwner(ctx, mirror.ScanOptions{}, func(key string, msg mirror.Msg) error {
 		c := pending[key]
 		if c == nil {
 			return nil // not selected, handed over, or dropped

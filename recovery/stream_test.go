@@ -102,10 +102,11 @@ func TestRunStreamed(t *testing.T) {
 				tm.publish(t, c.m, nil, &head)
 			}
 
-			keys, err := Keys(ctx, tm.r, nil, true)
+			sel, err := Select(ctx, tm.r, nil, true)
 			if err != nil {
 				t.Fatal(err)
 			}
+			keys := sel.Keys
 			if len(keys) != 8 {
 				t.Fatalf("%d conversations, want 8", len(keys))
 			}
@@ -113,7 +114,7 @@ func TestRunStreamed(t *testing.T) {
 			outRun, outOne := t.TempDir(), t.TempDir()
 			var done atomic.Int32
 			reps := New(cm, Options{Out: outRun, Parallel: 2, Generation: tc.generation,
-				OnDone: func(Report) { done.Add(1) }}).Run(ctx, keys)
+				OnDone: func(Report) { done.Add(1) }}).Run(ctx, sel)
 			if got := cm.ownerScans.Load(); got != 1 {
 				t.Errorf("%d passes over the owner's messages, want 1", got)
 			}

@@ -66,10 +66,7 @@ func (d Drift) Counts() map[DriftKind]int {
 // tail. It streams the file, so memory grows with the number of lines, not their size.
 // The daemon's background verification can call it as it is.
 func Verify(ctx context.Context, m Scanner, path string, head mirror.Head) (Drift, error) {
-	key := head.Key
-	if key == "" {
-		key = head.Conversation
-	}
+	key := head.ConvKey()
 	d := Drift{Path: path, Key: key}
 	c, err := m.Conv(key)
 	if err != nil {

@@ -78,11 +78,11 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer closeMirror()
-	keys, err := recovery.Keys(ctx, m, ids, f.all)
+	sel, err := recovery.Select(ctx, m, ids, f.all)
 	if err != nil {
 		return err
 	}
-	if len(keys) == 0 {
+	if len(sel.Keys) == 0 {
 		fmt.Fprintf(stderr, "pisync: the mirror holds no conversation of tenant %q, owner %q\n", owner.Tenant, owner.Name)
 		if f.jsonOut {
 			return writeJSON(stdout, recoverDoc{Conversations: []recovery.Report{}, DryRun: f.dryRun})
@@ -93,8 +93,8 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	opts := recovery.Options{Out: f.out, Generation: f.gen, DryRun: f.dryRun, Force: f.force,
 		DropRaw: f.dropRaw, Parallel: f.parallel}
 	var bar *progressbar.ProgressBar
-	if isTerminal(stderr) && len(keys) > progressMin {
-		bar = progressbar.NewOptions(len(keys), progressbar.OptionSetWriter(stderr),
+	if isTerminal(stderr) && len(sel.Keys) > progressMin {
+		bar = progressbar.NewOptions(len(sel.Keys), progressbar.OptionSetWriter(stderr),
 			progressbar.OptionSetDescription("recovering"), progressbar.OptionShowCount(),
 			progressbar.OptionClearOnFinish())
 		opts.OnDone = func(recovery.Report) { _ = bar.Add(1) }
@@ -103,7 +103,7 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		// long run shows its progress.
 		opts.OnDone = func(r recovery.Report) { printReport(stdout, r) }
 	}
-	reports := recovery.New(m, opts).Run(ctx, keys)
+	reports := recovery.New(m, opts).Run(ctx, sel)
 	if bar != nil {
 		_ = bar.Finish()
 	}
