@@ -240,9 +240,7 @@ func (p *Publisher) flush(ctx context.Context) error {
 		st.mu.Lock()
 		st.cpDirty = true
 		st.mu.Unlock()
-		p.dirtyMu.Lock()
-		p.dirtyCP[st] = struct{}{}
-		p.dirtyMu.Unlock()
+		p.mark(&p.dirtyCP, st)
 	}
 	if len(written) > 0 {
 		p.stageCheckpoints()
@@ -267,9 +265,14 @@ func (p *Publisher) snapshotFiles() []*fileState {
 // then touch only the files whose frontier moved, not every file known (100k on a big
 // host, most of them idle).
 func (p *Publisher) noteDirty(st *fileState) {
+	p.mark(&p.dirtyCP, st)
+	p.mark(&p.dirtyHead, st)
+}
+
+// mark adds st to one of the dirty sets.
+func (p *Publisher) mark(set *map[*fileState]struct{}, st *fileState) {
 	p.dirtyMu.Lock()
-	p.dirtyCP[st] = struct{}{}
-	p.dirtyHead[st] = struct{}{}
+	(*set)[st] = struct{}{}
 	p.dirtyMu.Unlock()
 }
 
@@ -334,9 +337,7 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 				j.st.mu.Lock()
 				j.st.headDirty = true
 				j.st.mu.Unlock()
-				p.dirtyMu.Lock()
-				p.dirtyHead[j.st] = struct{}{}
-				p.dirtyMu.Unlock()
+				p.mark(&p.dirtyHead, j.st)
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()

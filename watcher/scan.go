@@ -214,14 +214,15 @@ func (w *Watcher) touchLocked(r *root, path string, snap *statSnap, gen uint64, 
 		w.scheduleLocked(s)
 		return
 	}
+	if snap != nil && w.skipUnchangedLocked(s, snap, gen, initial) {
+		return
+	}
 	if gen != 0 {
 		s.seenGen = gen
 	}
 	if initial && !s.initPending {
 		s.initPending = true
 		w.initLeft++
-	} else if snap != nil && !s.needRun && s.snap.ok && s.snap == *snap {
-		return
 	}
 	w.scheduleLocked(s)
 }
