@@ -183,10 +183,7 @@ func runLive(tb testing.TB, cfg liveConfig) liveResult {
 	slices.Sort(res.lat)
 
 	// The floor: the same server, synchronous raw publishes at the same rate.
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	js := jsOf(tb, nc)
 	conv, _ := mirror.NewConv(o, "raw-latency")
 	n := min(len(res.lat), 5*cfg.rate)
 	ctx := context.Background()

@@ -61,10 +61,7 @@ func newTarget(tb testing.TB, replicas int) *target {
 		t.url, t.stop, t.storeDir = s.URL(), s.Stop, []string{s.StoreDir()}
 	}
 	nc := t.connect(tb)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	js := jsOf(tb, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := mirror.Provision(ctx, js, mirror.DefaultNames(), mirror.Config{Replicas: replicas}); err != nil {
@@ -100,13 +97,20 @@ func (t *target) close() {
 	}
 }
 
-// streamMsgs is the number of messages in the entries stream.
-func streamMsgs(tb testing.TB, nc *nats.Conn) uint64 {
+// jsOf is the JetStream API over nc.
+func jsOf(tb testing.TB, nc *nats.Conn) jetstream.JetStream {
 	tb.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return js
+}
+
+// streamMsgs is the number of messages in the entries stream.
+func streamMsgs(tb testing.TB, nc *nats.Conn) uint64 {
+	tb.Helper()
+	js := jsOf(tb, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
@@ -329,39 +333,36 @@ func runBackfill(tb testing.TB, name string, w *workload, replicas, window int) 
 	runs := n.(*int)
 	*runs++
 	var res backfillResult
-	sides := []func(){
-		func() {
+	// side times publish on a fresh target, then checks every line is in the stream;
+	// what publish returns runs untimed before the check.
+	side := func(label string, elapsed *time.Duration, publish func(nc *nats.Conn) (after func())) func() {
+		return func() {
 			t := newTarget(tb, replicas)
 			defer t.close()
 			nc := t.connect(tb)
 			defer nc.Close()
 			settle()
-			stopProfile := profile(tb, name+"-raw")
+			stopProfile := profile(tb, name+"-"+label)
 			start := time.Now()
-			rawPublish(tb, nc, w, window)
-			res.raw = time.Since(start)
+			after := publish(nc)
+			*elapsed = time.Since(start)
 			stopProfile()
+			after()
 			if got := streamMsgs(tb, nc); got != uint64(w.lines) {
-				tb.Fatalf("raw: %d messages in the stream, want %d", got, w.lines)
+				tb.Fatalf("%s: %d messages in the stream, want %d", label, got, w.lines)
 			}
-		},
-		func() {
-			t := newTarget(tb, replicas)
-			defer t.close()
-			nc := t.connect(tb)
-			defer nc.Close()
-			settle()
-			stopProfile := profile(tb, name+"-pisync")
-			start := time.Now()
+		}
+	}
+	sides := []func(){
+		side("raw", &res.raw, func(nc *nats.Conn) func() {
+			rawPublish(tb, nc, w, window)
+			return func() {}
+		}),
+		side("pisync", &res.pisync, func(nc *nats.Conn) func() {
 			p := startPisync(tb, nc, w.root, window, nil)
 			p.waitMirrored(tb, w.bytes, 30*time.Minute)
-			res.pisync = time.Since(start)
-			stopProfile()
-			p.stop(tb)
-			if got := streamMsgs(tb, nc); got != uint64(w.lines) {
-				tb.Fatalf("pisync: %d messages in the stream, want %d", got, w.lines)
-			}
-		},
+			return func() { p.stop(tb) }
+		}),
 	}
 	if *runs%2 == 0 {
 		sides[0], sides[1] = sides[1], sides[0]

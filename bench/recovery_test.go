@@ -101,10 +101,7 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 	ctx := context.Background()
 	nc := natstest.Connect(tb, fx.url)
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	js := jsOf(tb, nc)
 	m, err := recovery.NewMirror(ctx, js, mirror.DefaultNames(), owner(tb))
 	if err != nil {
 		tb.Fatal(err)
@@ -170,10 +167,7 @@ func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
 	ctx := context.Background()
 	nc := natstest.Connect(tb, fx.url)
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	js := jsOf(tb, nc)
 	names := mirror.DefaultNames()
 	settle()
 	stopProfile := profile(tb, "recovery-raw-read")

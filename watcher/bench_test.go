@@ -47,12 +47,8 @@ func BenchmarkBackfill(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan error, 1)
-				go func() { done <- w.Run(ctx) }()
-				<-w.Ready()
-				cancel()
-				if err := <-done; err != nil {
+				_, stop := runReady(w)
+				if err := stop(); err != nil {
 					b.Fatal(err)
 				}
 				if n := sink.lines.Load(); n != int64(shape.files*shape.lines) {
@@ -90,10 +86,7 @@ func BenchmarkRescanIdle(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	<-w.Ready()
+	ctx, stop := runReady(w)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
@@ -101,8 +94,20 @@ func BenchmarkRescanIdle(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(testing.AllocsPerRun(1, func() { w.rescan(ctx, w.roots[0], "periodic", false) }))/files, "allocs/file")
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// runReady runs w until its initial scan is done; stop cancels it and returns what Run
+// returned.
+func runReady(w *Watcher) (ctx context.Context, stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-w.Ready()
+	return ctx, func() error {
+		cancel()
+		return <-done
 	}
 }

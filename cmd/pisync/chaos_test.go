@@ -269,23 +269,23 @@ func (l *lockedBuffer) tail(n int) string {
 // failedReports picks the conversations recover did not restore out of its --json report.
 // reportsOf returns recover's reports of conversation id (and of its clash keys).
 func reportsOf(report []byte, id string) string {
-	var doc struct {
-		Conversations []map[string]any `json:"conversations"`
-	}
-	if err := json.Unmarshal(report, &doc); err != nil {
-		return string(report[:min(len(report), 4096)])
-	}
-	var out []string
-	for _, c := range doc.Conversations {
-		if conv, _ := c["conversation"].(string); conv == id || strings.HasPrefix(c["key"].(string), id) {
-			b, _ := json.Marshal(c)
-			out = append(out, string(b))
-		}
-	}
-	return strings.Join(out, "\n")
+	return reportsWhere(report, func(c map[string]any) bool {
+		conv, _ := c["conversation"].(string)
+		key, _ := c["key"].(string)
+		return conv == id || strings.HasPrefix(key, id)
+	})
 }
 
+// failedReports returns recover's reports of conversations not written or unchanged.
 func failedReports(report []byte) string {
+	return reportsWhere(report, func(c map[string]any) bool {
+		r, _ := c["result"].(string)
+		return r != "written" && r != "unchanged"
+	})
+}
+
+// reportsWhere returns the reports of recover --json that keep picks, one JSON per line.
+func reportsWhere(report []byte, keep func(map[string]any) bool) string {
 	var doc struct {
 		Conversations []map[string]any `json:"conversations"`
 	}
@@ -294,7 +294,7 @@ func failedReports(report []byte) string {
 	}
 	var out []string
 	for _, c := range doc.Conversations {
-		if r, _ := c["result"].(string); r != "written" && r != "unchanged" {
+		if keep(c) {
 			b, _ := json.Marshal(c)
 			out = append(out, string(b))
 		}

@@ -37,6 +37,9 @@ func TestClusterLeaderLoss(t *testing.T) {
 			return cl.StreamLeader(mirror.DefaultNames().Stream()) != nil, "none yet"
 		})
 		leader.Restart()
+		// The node back and current again before the test goes on: the next kill, and
+		// the reader at the end, need a JetStream API with a quorum behind it.
+		cl.WaitMetaLeader(60 * time.Second)
 	}
 
 	waitFor(t, 60*time.Second, "back-fill under way", func() (bool, string) {
