@@ -73,37 +73,49 @@ type streamMsg struct {
 // readStream reads every message of the entries stream, in stream order.
 func readStream(t testing.TB, nc *nats.Conn) []streamMsg {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s jetstream.Stream
-	var info *jetstream.StreamInfo
-	// A cluster that just lost or regained a node may answer "no responders" a moment.
-	waitFor(t, 30*time.Second, "stream info", func() (bool, string) {
+	var out []streamMsg
+	// A cluster that just lost or regained a node may answer "no responders" or time out
+	// for a moment, on the stream info or on creating the consumer: read it all again.
+	waitFor(t, 60*time.Second, "the whole stream", func() (bool, string) {
 		var err error
-		if s, err = js.Stream(ctx, mirror.DefaultNames().Stream()); err != nil {
-			return false, err.Error()
-		}
-		if info, err = s.Info(ctx); err != nil {
+		if out, err = readStreamOnce(t, js); err != nil {
 			return false, err.Error()
 		}
 		return true, ""
 	})
+	return out
+}
+
+// readStreamOnce reads the stream once; an API error is returned for a retry, a message
+// the mirror cannot parse fails the test.
+func readStreamOnce(t testing.TB, js jetstream.JetStream) ([]streamMsg, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
+	if err != nil {
+		return nil, fmt.Errorf("stream: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stream info: %w", err)
+	}
 	if info.State.Msgs == 0 {
-		return nil
+		return nil, nil
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("ordered consumer: %w", err)
 	}
 	var out []streamMsg
 	for uint64(len(out)) < info.State.Msgs {
 		batch, err := cons.Fetch(int(min(500, info.State.Msgs-uint64(len(out)))), jetstream.FetchMaxWait(10*time.Second))
 		if err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("fetch after %d messages: %w", len(out), err)
 		}
 		for m := range batch.Messages() {
 			meta, _ := m.Metadata()
@@ -115,10 +127,10 @@ func readStream(t testing.TB, nc *nats.Conn) []streamMsg {
 				data: append([]byte(nil), m.Data()...), seq: meta.Sequence.Stream})
 		}
 		if err := batch.Error(); err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("fetch after %d messages: %w", len(out), err)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // duplicates lists the (conversation, generation, entry) keys that appear more than once.
