@@ -110,15 +110,17 @@ func (r *Recoverer) Run(ctx context.Context, sel Selection) []Report {
 	for i := range todo {
 		todo[i] = i
 	}
+	c := r.startCommitter(reports)
 	if streamWorth(len(keys), sel.owned, r.opts.Parallel) {
-		todo = r.stream(ctx, sel, todo, reports)
+		todo = r.stream(ctx, sel, todo, c)
 	}
-	r.each(ctx, keys, streamOrder(keys, todo, sel.heads), reports)
+	r.each(ctx, keys, streamOrder(keys, todo, sel.heads), c)
+	c.close()
 	return reports
 }
 
 // each recovers the keys at the indices of order one by one, Options.Parallel at a time.
-func (r *Recoverer) each(ctx context.Context, keys []string, order []int, reports []Report) {
+func (r *Recoverer) each(ctx context.Context, keys []string, order []int, c *committer) {
 	var next int
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -135,7 +137,7 @@ func (r *Recoverer) each(ctx context.Context, keys []string, order []int, report
 					return
 				}
 				i := order[n]
-				r.done(reports, i, r.One(ctx, keys[i]))
+				c.add(i, r.one(ctx, keys[i]))
 			}
 		}()
 	}
@@ -169,17 +171,26 @@ func streamOrder(keys []string, todo []int, heads map[string]mirror.Head) []int 
 
 // One recovers one conversation; every outcome, failures included, is in the report.
 func (r *Recoverer) One(ctx context.Context, key string) Report {
+	o := r.one(ctx, key)
+	if o.staged == nil {
+		return o.rep
+	}
+	return o.committed(commitBatch([]*staged{o.staged})[0])
+}
+
+// one recovers one conversation, its file staged but not committed.
+func (r *Recoverer) one(ctx context.Context, key string) outcome {
 	c, err := r.m.Conv(key)
 	if err != nil {
-		return failed(key, r.opts.Generation, Failed, fmt.Errorf("%w: %v", mirror.ErrNotFound, err))
+		return outcome{rep: failed(key, r.opts.Generation, Failed, fmt.Errorf("%w: %v", mirror.ErrNotFound, err))}
 	}
 	g, err := readGeneration(ctx, r.m, c, r.opts.Generation)
 	if err != nil {
-		return failed(key, r.opts.Generation, Failed, err)
+		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
 	head, err := headOf(ctx, r.m, c)
 	if err != nil {
-		return failed(key, r.opts.Generation, Failed, err)
+		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
 	return r.finish(ctx, key, g, head)
 }
@@ -189,12 +200,28 @@ func failed(key string, gen int, res Result, err error) Report {
 	return Report{Key: key, Conversation: key, Generation: gen, Result: res, Reason: err.Error()}
 }
 
-// finish rebuilds a conversation read from the mirror and places its file.
-func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *mirror.Head) Report {
+// outcome is a conversation rebuilt and placed; a file written is staged, and its
+// report final once the file is committed.
+type outcome struct {
+	rep    Report
+	staged *staged // nil: nothing to commit
+}
+
+// committed is the report once the staged file's commit returned err.
+func (o outcome) committed(err error) Report {
+	if err != nil {
+		o.rep.Result, o.rep.Reason = Failed, err.Error()
+	}
+	return o.rep
+}
+
+// finish rebuilds a conversation read from the mirror and places its file: a file to
+// write is staged, for a committer to make durable and rename in place.
+func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *mirror.Head) outcome {
 	rep := Report{Key: key, Conversation: key, Generation: r.opts.Generation}
-	fail := func(res Result, err error) Report {
+	fail := func(res Result, err error) outcome {
 		rep.Result, rep.Reason = res, err.Error()
-		return rep
+		return outcome{rep: rep}
 	}
 	if err := inlineBlobs(ctx, r.m, g.lines); err != nil {
 		return fail(resultOf(err), err)
@@ -227,41 +254,41 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 		}
 		return h
 	}
-	res, forced, err := r.place(ctx, t, plan, held)
+	res, forced, st, err := r.place(ctx, t, plan, held)
 	rep.Forced = rep.Forced || forced
 	if err != nil {
 		return fail(res, err)
 	}
 	rep.Result = res
-	return rep
+	return outcome{rep: rep, staged: st}
 }
 
-// place checks the target and writes the file unless a check or --dry-run says not to.
-func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func() map[string]bool) (res Result, forced bool, err error) {
+// place checks the target and stages the file unless a check or --dry-run says not to.
+func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func() map[string]bool) (res Result, forced bool, st *staged, err error) {
 	ex, err := r.inspectTarget(t, plan, held)
 	if err != nil {
-		return Failed, false, err
+		return Failed, false, nil, err
 	}
 	switch {
 	case ex.nLacking > 0:
-		return Refused, false, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
+		return Refused, false, nil, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
 	case ex.identical:
-		return Unchanged, false, nil
+		return Unchanged, false, nil, nil
 	case ex.exists && !r.opts.Force:
-		return Refused, false, fmt.Errorf("%s exists and differs from the rebuilt file; --force overwrites it", t.path())
+		return Refused, false, nil, fmt.Errorf("%s exists and differs from the rebuilt file; --force overwrites it", t.path())
 	}
 	if r.opts.DryRun {
 		// Stream the blobs through their digests anyway: a dry run says whether the
 		// real one would succeed.
 		if err := render(ctx, io.Discard, r.m, plan); err != nil {
-			return resultOf(err), ex.exists, err
+			return resultOf(err), ex.exists, nil, err
 		}
-		return DryRun, ex.exists, nil
+		return DryRun, ex.exists, nil, nil
 	}
-	if err := writeAtomic(ctx, r.m, t, plan); err != nil {
-		return resultOf(err), ex.exists, err
+	if st, err = stage(ctx, r.m, t, plan); err != nil {
+		return resultOf(err), ex.exists, nil, err
 	}
-	return Written, ex.exists, nil
+	return Written, ex.exists, st, nil
 }
 
 func (r *Recoverer) inspectTarget(t target, plan *Plan, held func() map[string]bool) (existing, error) {

@@ -27,7 +27,7 @@ func streamWorth(keys, owned, parallel int) bool {
 // conversation leaves out what comes after it started). It returns the indices it did
 // not recover: dropped to keep within streamBudget, without messages, or left when the
 // pass failed. One reads those, and reports whatever is wrong with them.
-func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, reports []Report) (left []int) {
+func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, com *committer) (left []int) {
 	keys, heads, counts := sel.Keys, sel.heads, sel.counts
 	if counts == nil {
 		var err error
@@ -65,7 +65,7 @@ func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, repor
 				if h, ok := heads[key]; ok {
 					head = &h
 				}
-				r.done(reports, j.i, r.finish(ctx, key, j.g, head))
+				com.add(j.i, r.finish(ctx, key, j.g, head))
 			}
 		}()
 	}
@@ -73,7 +73,7 @@ func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, repor
 		delete(pending, key)
 		g, err := c.result(key)
 		if err != nil { // no line of the generation asked for
-			r.done(reports, index[key], failed(key, r.opts.Generation, Failed, err))
+			com.add(index[key], outcome{rep: failed(key, r.opts.Generation, Failed, err)})
 			return nil
 		}
 		select {

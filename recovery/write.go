@@ -130,52 +130,93 @@ func streamBlob(ctx context.Context, w io.Writer, blobs Blobs, l OutLine) error 
 // fsync, rename over the target, fsync of the directory. New directories get mode 0700.
 // Every path goes through os.Root, so nothing lands outside t.root even through a
 // symbolic link. On failure the temporary file is removed and the target is untouched.
-func writeAtomic(ctx context.Context, blobs Blobs, t target, plan *Plan) (err error) {
-	made, err := mkdirs(t)
-	defer made.close()
-	defer func() {
-		if err != nil {
-			made.undo() // a refused or failed write leaves nothing behind, directories included
-		}
-	}()
+func writeAtomic(ctx context.Context, blobs Blobs, t target, plan *Plan) error {
+	s, err := stage(ctx, blobs, t, plan)
 	if err != nil {
 		return err
 	}
-	root := made.root
+	return commitBatch([]*staged{s})[0]
+}
+
+// staged is a rebuilt file written under a temporary name in its target directory, not
+// yet durable nor in place: commitBatch finishes it, with others.
+type staged struct {
+	made *madeDirs
+	f    *os.File // nil once closed
+	tmp  string   // relative to made.root
+	t    target
+}
+
+// stage writes plan to a temporary file in the target directory. On failure nothing is
+// left behind, directories included.
+func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, error) {
+	made, err := mkdirs(t)
+	if err != nil {
+		made.undo()
+		made.close()
+		return nil, err
+	}
 	dir := filepath.Dir(t.rel)
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:]) // crypto/rand does not fail on supported platforms
 	// Not *.jsonl, so that a daemon watching the tree ignores it until the rename.
 	tmp := filepath.Join(dir, "."+filepath.Base(t.rel)+".pisync-"+hex.EncodeToString(rnd[:])+".tmp")
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := made.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
+		made.undo()
+		made.close()
+		return nil, fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
 	}
-	renamed := false
-	defer func() {
-		if !renamed {
-			f.Close()
-			_ = root.Remove(tmp)
-		}
-	}()
+	s := &staged{made: made, f: f, tmp: tmp, t: t}
 	bw := bufio.NewWriterSize(f, 256<<10)
 	if err := render(ctx, bw, blobs, plan); err != nil {
-		return err
+		s.abort()
+		return nil, err
 	}
 	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("write %s: %w", t.path(), err)
+		s.abort()
+		return nil, fmt.Errorf("write %s: %w", t.path(), err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", t.path(), err)
+	return s, nil
+}
+
+// durable fsyncs and closes the temporary file; on failure it aborts.
+func (s *staged) durable() error {
+	err := s.f.Sync()
+	if err != nil {
+		err = fmt.Errorf("fsync %s: %w", s.t.path(), err)
+	} else if err = s.f.Close(); err != nil {
+		err = fmt.Errorf("close %s: %w", s.t.path(), err)
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", t.path(), err)
+	if err != nil {
+		s.abort()
+		return err
 	}
-	if err := root.Rename(tmp, t.rel); err != nil {
-		return fmt.Errorf("rename into %s: %w", t.path(), err)
+	s.f = nil
+	return nil
+}
+
+// place renames the temporary file over the target; on failure it aborts.
+func (s *staged) place() error {
+	if err := s.made.root.Rename(s.tmp, s.t.rel); err != nil {
+		s.abort()
+		return fmt.Errorf("rename into %s: %w", s.t.path(), err)
 	}
-	renamed = true
-	return syncDir(root, dir)
+	return nil
+}
+
+// abort removes the temporary file and the directories made for it: a refused or failed
+// write leaves nothing behind.
+func (s *staged) abort() {
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+	if s.made.root != nil {
+		_ = s.made.root.Remove(s.tmp)
+	}
+	s.made.undo()
+	s.made.close()
 }
 
 // madeDirs are the directories a write created, so that a failed write can remove them.
@@ -230,6 +271,7 @@ func (m *madeDirs) undo() {
 func (m *madeDirs) close() {
 	if m.root != nil {
 		m.root.Close()
+		m.root = nil
 	}
 }
 
