@@ -199,8 +199,8 @@ func describe(l Line) string {
 // cycles reports every cycle of parentId links among the rebuilt file's entries. It
 // walks each chain once (iteratively: a hostile file cannot exhaust the stack).
 func cycles(body []Line, placeholders []Placeholder) []Conflict {
-	parent := map[string]string{}
-	var order []string
+	parent := make(map[string]string, len(body)+len(placeholders))
+	order := make([]string, 0, len(body)+len(placeholders))
 	link := func(id, p string) {
 		if _, dup := parent[id]; !dup {
 			parent[id] = p
@@ -215,22 +215,20 @@ func cycles(body []Line, placeholders []Placeholder) []Conflict {
 			link(l.Env.ID, l.Env.ParentID)
 		}
 	}
-	const (
-		unseen = iota
-		onPath
-		done
-	)
-	state := make(map[string]uint8, len(parent))
+	// mark of an id: 0 unseen, done, or 1 + its position on the path being walked.
+	const done = -1
+	mark := make(map[string]int, len(parent))
 	var found []Conflict
+	var path []string // reused: a cycle is reported as a string
 	for _, start := range order {
-		var path []string
-		pos := map[string]int{}
+		path = path[:0]
 		for cur := start; ; {
-			if state[cur] == done {
+			m := mark[cur]
+			if m == done {
 				break
 			}
-			if state[cur] == onPath {
-				cyc := path[pos[cur]:]
+			if m > 0 {
+				cyc := path[m-1:]
 				found = append(found, Conflict{Kind: ConflictCycle, ID: cur,
 					Detail: fmt.Sprintf("parentId links form a cycle: %s → %s", strings.Join(cyc, " → "), cur)})
 				break
@@ -239,7 +237,7 @@ func cycles(body []Line, placeholders []Placeholder) []Conflict {
 			if !ok {
 				break // a dangling id: no further link
 			}
-			state[cur], pos[cur] = onPath, len(path)
+			mark[cur] = len(path) + 1
 			path = append(path, cur)
 			if p == "" {
 				break
@@ -247,7 +245,7 @@ func cycles(body []Line, placeholders []Placeholder) []Conflict {
 			cur = p
 		}
 		for _, id := range path {
-			state[id] = done
+			mark[id] = done
 		}
 	}
 	return found

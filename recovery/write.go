@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 )
 
 // Blobs opens blob payloads by digest; *mirror.Reader implements it.
@@ -168,7 +169,12 @@ func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, err
 		return nil, fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
 	}
 	s := &staged{made: made, f: f, tmp: tmp, t: t}
-	bw := bufio.NewWriterSize(f, 256<<10)
+	bw := writers.Get().(*bufio.Writer)
+	defer func() {
+		bw.Reset(nil)
+		writers.Put(bw)
+	}()
+	bw.Reset(f)
 	if err := render(ctx, bw, blobs, plan); err != nil {
 		s.abort()
 		return nil, err
@@ -179,6 +185,10 @@ func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, err
 	}
 	return s, nil
 }
+
+// writers are the write buffers of stage, reused: 256 KiB allocated and zeroed per file
+// showed in the profile of a recovery of many conversations.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 256<<10) }}
 
 // durable fsyncs and closes the temporary file; on failure it aborts.
 func (s *staged) durable() error {
