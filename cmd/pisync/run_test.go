@@ -21,7 +21,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// nats.go v1.55.0 leaks this goroutine now and then, on its own: each object
+		// store Put (a blob) makes a JetStream context whose first async publish starts
+		// it, and the Put's deferred cleanup can clear the channel it waits on before
+		// it has read it; it then waits on a nil channel for ever. A connection that
+		// pisync leaks is still caught, by its read and flush goroutines.
+		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
 }
 
 // writeSessions creates n sessions of rotating formats with a few entries each.
