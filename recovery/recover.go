@@ -175,7 +175,7 @@ func (r *Recoverer) One(ctx context.Context, key string) Report {
 	if o.staged == nil {
 		return o.rep
 	}
-	return o.committed(commitBatch([]*staged{o.staged})[0])
+	return o.committed(o.staged.commit())
 }
 
 // one recovers one conversation, its file staged but not committed.

@@ -136,7 +136,7 @@ func writeAtomic(ctx context.Context, blobs Blobs, t target, plan *Plan) error {
 	if err != nil {
 		return err
 	}
-	return commitBatch([]*staged{s})[0]
+	return s.commit()
 }
 
 // staged is a rebuilt file written under a temporary name in its target directory, not
@@ -153,8 +153,7 @@ type staged struct {
 func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, error) {
 	made, err := mkdirs(t)
 	if err != nil {
-		made.undo()
-		made.close()
+		made.discard()
 		return nil, err
 	}
 	dir := filepath.Dir(t.rel)
@@ -164,8 +163,7 @@ func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, err
 	tmp := filepath.Join(dir, "."+filepath.Base(t.rel)+".pisync-"+hex.EncodeToString(rnd[:])+".tmp")
 	f, err := made.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		made.undo()
-		made.close()
+		made.discard()
 		return nil, fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
 	}
 	s := &staged{made: made, f: f, tmp: tmp, t: t}
@@ -225,9 +223,11 @@ func (s *staged) abort() {
 	if s.made.root != nil {
 		_ = s.made.root.Remove(s.tmp)
 	}
-	s.made.undo()
-	s.made.close()
+	s.made.discard()
 }
+
+// commit commits s alone.
+func (s *staged) commit() error { return commitBatch([]*staged{s})[0] }
 
 // madeDirs are the directories a write created, so that a failed write can remove them.
 type madeDirs struct {
@@ -266,8 +266,9 @@ func mkdirs(t target) (*madeDirs, error) {
 	return m, nil
 }
 
-// undo removes the directories mkdirs created; they are empty again after a failure.
-func (m *madeDirs) undo() {
+// discard removes the directories mkdirs created (they are empty again after a failed
+// write; one another write put a file in stays) and closes the root.
+func (m *madeDirs) discard() {
 	if m.root != nil {
 		for _, d := range m.inner {
 			_ = m.root.Remove(d)
@@ -276,6 +277,7 @@ func (m *madeDirs) undo() {
 	for _, d := range m.outer {
 		_ = os.Remove(d)
 	}
+	m.close()
 }
 
 func (m *madeDirs) close() {
