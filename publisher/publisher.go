@@ -231,6 +231,9 @@ func (p *Publisher) headLoop() {
 	}
 }
 
+// flush is the last commit, at stop: checkpoints, heads, then the checkpoints again if
+// heads were written, so that the next start knows them written (the loops leave that to
+// each file's next checkpoint, see flushHeads).
 func (p *Publisher) flush(ctx context.Context) error {
 	p.stageCheckpoints()
 	err := p.opts.Checkpoints.Commit()
