@@ -64,6 +64,16 @@ func (p *Publisher) Progress() Progress {
 		}
 		st.mu.Unlock()
 	}
+	p.mu.Lock()
+	for root, n := range p.forgotten {
+		r := out.Roots[root]
+		if r == nil {
+			r = &RootProgress{}
+			out.Roots[root] = r
+		}
+		r.Deleted += n
+	}
+	p.mu.Unlock()
 	return out
 }
 

@@ -80,6 +80,10 @@ type Publisher struct {
 	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
+	// Deleted files are forgotten once their last state is recorded (see forgetGone), so
+	// that a daemon running for months holds no state for files removed long ago.
+	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
+	forgotten map[string]int          // root → deleted files forgotten, still counted as deleted
 }
 
 // New validates opts and binds the mirror. Call Start before handing it to the watcher.
@@ -120,7 +124,8 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		files:   map[watcher.FileID]*fileState{},
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
-		byConv: map[string]watcher.FileID{},
+		byConv:    map[string]watcher.FileID{},
+		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 	}
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}
@@ -203,6 +208,7 @@ func (p *Publisher) commitLoop() {
 			return
 		case <-t.C:
 			p.stageCheckpoints()
+			forgetting := p.forgetGone()
 			if err := p.opts.Checkpoints.Commit(); err != nil {
 				p.commitFailures++
 				if p.commitFailures == 1 || p.commitFailures%100 == 0 {
@@ -211,6 +217,7 @@ func (p *Publisher) commitLoop() {
 				}
 			} else {
 				p.commitFailures = 0
+				p.forget(forgetting)
 			}
 		}
 	}
@@ -344,6 +351,11 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 				return
 			}
 			p.m.headUpdates.WithLabelValues("ok").Inc()
+			if j.head.LocalDeleted {
+				j.st.mu.Lock()
+				j.st.goneHeadWritten = true
+				j.st.mu.Unlock()
+			}
 			// Recorded by the file's next checkpoint, so that a restart knows the head is
 			// written (see Open). Not a checkpoint of its own: that would double the
 			// commits of a live file; a crash before the next one costs a head written

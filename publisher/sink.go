@@ -227,11 +227,20 @@ func (p *Publisher) Gone(f watcher.File) {
 	if st == nil || st.file.Path != f.Path {
 		return // unknown, or the inode number now belongs to another file
 	}
+	if st.skipped { // not a session: nothing to record
+		p.mu.Lock()
+		p.drop(st)
+		p.mu.Unlock()
+		return
+	}
 	st.mu.Lock()
 	st.gone = true
 	st.torn = 0
 	st.cpDirty, st.headDirty = true, true
 	st.mu.Unlock()
+	p.mu.Lock()
+	p.goneFiles[st] = struct{}{}
+	p.mu.Unlock()
 	p.noteDirty(st)
 	p.log.Info("session file removed; its mirror copy stays", zap.String("path", f.Path))
 }

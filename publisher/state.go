@@ -46,6 +46,8 @@ type fileState struct {
 	cpDirty   bool
 	headDirty bool
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
+
+	goneHeadWritten bool // a head saying the file is deleted locally is in the mirror
 }
 
 // heldLine is a line the mirror holds: its digest and stream sequence.
