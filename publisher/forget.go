@@ -1,6 +1,20 @@
 package publisher
 
-import "github.com/pisync/pisync/checkpoint"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/watcher"
+)
 
 // forgetGone returns the deleted files whose last state is recorded: every line read
 // resolved, the checkpoint saying "deleted" staged, the head saying so in the mirror
@@ -62,4 +76,85 @@ func (p *Publisher) drop(st *fileState) {
 	if p.byConv[st.conv.Key] == id {
 		delete(p.byConv, st.conv.Key)
 	}
+}
+
+// PruneCheckpoints deals with the files deleted while the daemon was stopped. Call it
+// once the watcher's first scan is over, when every file present has been opened or has
+// failed once: a record under one of roots (an existing directory) whose path no longer
+// exists and whose identity is not open is a file that left the roots. As Gone does for
+// a file deleted while running, its head is marked deleted (when the head describes this
+// host's file: another host's copy of the conversation is left alone) and its record is
+// removed with the next checkpoint commit. A record whose head cannot be updated is kept
+// for the next start. A file moved while stopped whose first opening failed looks deleted
+// here; when it opens it resumes from the mirror and rewrites its head, as a file without
+// a checkpoint does. It returns how many records it removes.
+func (p *Publisher) PruneCheckpoints(ctx context.Context, roots []string) (int, error) {
+	recs, err := p.opts.Checkpoints.All()
+	if err != nil {
+		return 0, fmt.Errorf("list checkpoints: %w", err)
+	}
+	watched := map[string]bool{}
+	for _, r := range roots {
+		if fi, err := os.Stat(r); err == nil && fi.IsDir() {
+			watched[r] = true
+		}
+	}
+	pruned := 0
+	for _, rec := range recs {
+		if ctx.Err() != nil {
+			return pruned, ctx.Err()
+		}
+		if !watched[rec.Root] || p.isOpen(watcher.FileID{Dev: rec.Dev, Ino: rec.Ino}) {
+			continue
+		}
+		path := filepath.Join(rec.Root, filepath.FromSlash(rec.Rel))
+		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := p.markDeleted(ctx, rec, path); err != nil {
+			p.log.Warn("could not mark the head of a session deleted while stopped; retried at next start",
+				zap.String("path", path), zap.String("conversation", rec.ConvKey), zap.Error(err))
+			continue
+		}
+		p.opts.Checkpoints.Delete(rec.Key())
+		pruned++
+	}
+	return pruned, nil
+}
+
+func (p *Publisher) isOpen(id watcher.FileID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.files[id]
+	return ok
+}
+
+// markDeleted sets LocalDeleted in the head of rec's conversation if that head describes
+// rec's file on this host.
+func (p *Publisher) markDeleted(ctx context.Context, rec checkpoint.Record, path string) error {
+	if rec.ConvKey == "" || rec.StreamSeq == 0 {
+		return nil // nothing of it was acknowledged: no head
+	}
+	conv, err := mirror.NewConv(p.opts.Owner, rec.ConvKey)
+	if err != nil {
+		return nil // not a key of this owner's: nothing to mark
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h, _, err := p.reader.Head(hctx, conv)
+	if errors.Is(err, mirror.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if h.LocalDeleted || h.Host != p.opts.Host || h.Root != rec.Root || h.Source != rec.Rel {
+		return nil
+	}
+	h.LocalDeleted, h.UpdatedAt = true, time.Now().UTC()
+	if err := p.writer.PutHead(hctx, conv, h); err != nil {
+		return err
+	}
+	p.log.Info("session file removed while stopped; its mirror copy stays", zap.String("path", path))
+	return nil
 }

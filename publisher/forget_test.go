@@ -29,57 +29,18 @@ func TestDeletedFilesAreForgotten(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := natstest.Run(t)
-	nc := natstest.Connect(t, srv.URL())
-	js, err := NewJetStream(nc, 5*time.Second, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	owner, err := mirror.NewOwner("acme", "dev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, _, err := checkpoint.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	p, err := New(ctx, Options{JS: js, Names: names, Owner: owner, Host: "h1", Checkpoints: store,
-		CommitInterval: 20 * time.Millisecond, HeadInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Start()
+	store := openStore(t, t.TempDir())
+	p := startPublisher(t, ctx, srv.URL(), store)
 	defer p.Close(context.Background())
 
 	root := t.TempDir()
-	rng := rand.New(rand.NewPCG(7, 8))
-	var files []*sessiontest.File
-	for i := range 3 {
-		f := sessiontest.New(rng, root, "/home/dev/p", sessiontest.Format(i%4))
-		if err := f.Append(f.HeaderLine("/home/dev/p"), f.Entry(300), f.Entry(500)); err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-	}
+	files := writeFiles(t, root, 3)
 	notSession := filepath.Join(root, "notes.jsonl")
 	if err := os.WriteFile(notSession, []byte("{\"hello\":1}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(ctx)
-	wdone := make(chan error, 1)
-	go func() { wdone <- w.Run(wctx) }()
-	defer func() {
-		wcancel()
-		<-wdone
-	}()
+	stopWatcher, _ := startWatcher(t, ctx, p, root)
+	defer stopWatcher()
 
 	r := p.reader
 	waitUntil(t, "every session mirrored, the other file skipped", func() bool {
@@ -145,4 +106,146 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestPruneCheckpointsDeletedWhileStopped: a session deleted while the daemon was
+// stopped is found after the next first scan: its head is marked deleted and its
+// checkpoint removed. The records of files still there, and of a root not watched, stay.
+func TestPruneCheckpointsDeletedWhileStopped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	stateDir, root := t.TempDir(), t.TempDir()
+	files := writeFiles(t, root, 3)
+	keys := make([]string, len(files))
+	for i, f := range files {
+		id := inode(t, f.Path)
+		keys[i] = checkpoint.Key(id.Dev, id.Ino)
+	}
+
+	// First run: everything mirrored, then stopped.
+	store := openStore(t, stateDir)
+	p := startPublisher(t, ctx, srv.URL(), store)
+	stopWatcher, _ := startWatcher(t, ctx, p, root)
+	waitUntil(t, "every session mirrored", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Mirrored == 3
+	})
+	stopWatcher()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := checkpoint.Record{Dev: 1, Ino: 2, Root: filepath.Join(root, "not-watched"), Rel: "x.jsonl",
+		ConvKey: files[1].ID, StreamSeq: 1}
+	store.Put(elsewhere)
+	if err := store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	if err := os.Remove(files[0].Path); err != nil {
+		t.Fatal(err)
+	}
+
+	// Second run: the deletion is found after the first scan.
+	store = openStore(t, stateDir)
+	defer store.Close()
+	p = startPublisher(t, ctx, srv.URL(), store)
+	defer p.Close(context.Background())
+	stopWatcher, ready := startWatcher(t, ctx, p, root)
+	defer stopWatcher()
+	<-ready
+	n, err := p.PruneCheckpoints(ctx, []string{root, elsewhere.Root})
+	if err != nil || n != 1 {
+		t.Fatalf("PruneCheckpoints = %d, %v; want 1 record removed", n, err)
+	}
+	if err := store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := store.Get(keys[0]); ok {
+		t.Error("the deleted file's checkpoint is still in the store")
+	}
+	for _, k := range append(keys[1:], elsewhere.Key()) {
+		if _, ok := store.Get(k); !ok {
+			t.Errorf("checkpoint %s was removed", k)
+		}
+	}
+	for i, f := range files {
+		c, err := p.reader.Conv(f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _, err := p.reader.Head(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == 0; h.LocalDeleted != want {
+			t.Errorf("%s: head says deleted %v, want %v", f.Path, h.LocalDeleted, want)
+		}
+	}
+	if n, err := p.PruneCheckpoints(ctx, []string{root}); err != nil || n != 0 {
+		t.Errorf("second PruneCheckpoints = %d, %v; want nothing left to remove", n, err)
+	}
+}
+
+func openStore(t *testing.T, dir string) *checkpoint.Store {
+	t.Helper()
+	store, _, err := checkpoint.Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// startPublisher starts a publisher for owner acme/dev on host h1, with short commit and
+// head intervals, against a provisioned mirror on the server at url.
+func startPublisher(t *testing.T, ctx context.Context, url string, store *checkpoint.Store) *Publisher {
+	t.Helper()
+	nc := natstest.Connect(t, url)
+	js, err := NewJetStream(nc, 5*time.Second, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := mirror.DefaultNames()
+	if err := mirror.Provision(ctx, js, names, mirror.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := mirror.NewOwner("acme", "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(ctx, Options{JS: js, Names: names, Owner: owner, Host: "h1", Checkpoints: store,
+		CommitInterval: 20 * time.Millisecond, HeadInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	return p
+}
+
+// startWatcher watches root for p; stop waits for the watcher to end.
+func startWatcher(t *testing.T, ctx context.Context, p *Publisher, root string) (stop func(), ready <-chan struct{}) {
+	t.Helper()
+	w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	return func() { wcancel(); <-done }, w.Ready()
+}
+
+// writeFiles writes n sessions of a header and two entries under root.
+func writeFiles(t *testing.T, root string, n int) []*sessiontest.File {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(7, 8))
+	var files []*sessiontest.File
+	for i := range n {
+		f := sessiontest.New(rng, root, "/home/dev/p", sessiontest.Format(i%4))
+		if err := f.Append(f.HeaderLine("/home/dev/p"), f.Entry(300), f.Entry(500)); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
 }

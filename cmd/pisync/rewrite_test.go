@@ -257,14 +257,7 @@ func TestDeleteAndMove(t *testing.T) {
 	allMirrored(t, r, root, 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c0, _ := r.Conv(files[0].ID)
-	waitFor(t, 20*time.Second, "deleted file marked in its head", func() (bool, string) {
-		h, _, err := r.Head(ctx, c0)
-		if err != nil {
-			return false, err.Error()
-		}
-		return h.LocalDeleted, fmt.Sprintf("%+v", h)
-	})
+	waitHeadDeleted(t, r, files[0].ID)
 	if g := readGen(t, r, files[0].ID, 0); len(g.Msgs) != len(files[0].Lines) {
 		t.Fatal("the deleted file's mirror copy changed")
 	}
@@ -278,6 +271,64 @@ func TestDeleteAndMove(t *testing.T) {
 			return false, err.Error()
 		}
 		return strings.HasPrefix(h.Source, "--elsewhere--/"), h.Source
+	})
+}
+
+// TestDeletedWhileStopped: a session deleted while the daemon was stopped is marked
+// deleted in its head after the next start's first scan, its mirror copy untouched; the
+// files still there are not.
+func TestDeletedWhileStopped(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 62))
+	srv := natstest.Run(t)
+	root, state := t.TempDir(), t.TempDir()
+	files := writeSessions(t, rng, root, 3, 5)
+	args := []string{"--nats", srv.URL(), "--root", root, "--state-dir", state, "--host", "h1"}
+	d := startTestDaemon(t, args...)
+	nc := natstest.Connect(t, srv.URL())
+	r := newReader(t, nc, "t1", "alice")
+	allMirrored(t, r, root, 20*time.Second)
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(files[0].Path); err != nil {
+		t.Fatal(err)
+	}
+	before := len(readStream(t, nc))
+
+	d = startTestDaemon(t, args...)
+	defer d.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waitHeadDeleted(t, r, files[0].ID)
+	for _, f := range files[1:] {
+		c, _ := r.Conv(f.ID)
+		if h, _, err := r.Head(ctx, c); err != nil || h.LocalDeleted {
+			t.Errorf("%s: head %+v, %v; want it present, not deleted", f.Path, h, err)
+		}
+	}
+	if g := readGen(t, r, files[0].ID, 0); len(g.Msgs) != len(files[0].Lines) {
+		t.Error("the deleted file's mirror copy changed")
+	}
+	if after := len(readStream(t, nc)); after != before {
+		t.Errorf("stream went from %d to %d messages across the restart", before, after)
+	}
+}
+
+// waitHeadDeleted waits until the head of conversation id says its file is deleted.
+func waitHeadDeleted(t *testing.T, r *mirror.Reader, id string) {
+	t.Helper()
+	c, err := r.Conv(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "head of "+id+" marked deleted", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h, _, err := r.Head(ctx, c)
+		if err != nil {
+			return false, err.Error()
+		}
+		return h.LocalDeleted, fmt.Sprintf("%+v", h)
 	})
 }
 

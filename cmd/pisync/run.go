@@ -109,6 +109,7 @@ type daemon struct {
 
 	watchCancel  context.CancelFunc
 	watchDone    chan error
+	scanDone     chan struct{} // closed when the work after the first scan is over
 	verifyCancel context.CancelFunc
 	verifyDone   chan struct{}
 	memCancel    context.CancelFunc
@@ -213,14 +214,40 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	d.up.Store(true)
 	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redactURL(f.conn.url())),
 		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
+	d.scanDone = make(chan struct{})
 	go func() {
+		defer close(d.scanDone)
 		select {
 		case <-d.watch.Ready():
 			log.Info("initial scan done")
+			d.pruneCheckpoints(wctx)
 		case <-wctx.Done():
 		}
 	}()
 	return d, nil
+}
+
+// pruneCheckpoints removes the checkpoints of session files deleted while the daemon was
+// stopped, marking their heads deleted (see publisher.PruneCheckpoints).
+func (d *daemon) pruneCheckpoints(ctx context.Context) {
+	n, err := d.pub.PruneCheckpoints(ctx, absRoots(d.f.roots.get()))
+	switch {
+	case err != nil && ctx.Err() == nil:
+		d.log.Warn("could not look for files deleted while stopped", zap.Error(err))
+	case n > 0:
+		d.log.Info("forgot session files deleted while stopped", zap.Int("files", n))
+	}
+}
+
+// absRoots returns the roots as the watcher names them: absolute and clean.
+func absRoots(roots []string) []string {
+	var out []string
+	for _, r := range roots {
+		if abs, err := filepath.Abs(r); err == nil {
+			out = append(out, filepath.Clean(abs))
+		}
+	}
+	return out
 }
 
 // startVerifier runs background verification of the mirrored files.
@@ -229,12 +256,7 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 	if err := vm.Register(d.reg); err != nil {
 		return err
 	}
-	var roots []string
-	for _, r := range d.f.roots.get() {
-		if abs, err := filepath.Abs(r); err == nil {
-			roots = append(roots, filepath.Clean(abs))
-		}
-	}
+	roots := absRoots(d.f.roots.get())
 	vm.Init(roots)
 	ctx, cancel := context.WithCancel(context.Background())
 	r, err := mirror.NewReader(ctx, js, names, owner)
@@ -314,6 +336,7 @@ func (d *daemon) stop() error {
 	if err := <-d.watchDone; err != nil && !errors.Is(err, context.Canceled) {
 		errs = append(errs, err)
 	}
+	<-d.scanDone
 	dctx, cancel := context.WithTimeout(context.Background(), d.f.drainTimeout)
 	errs = append(errs, d.pub.Close(dctx))
 	cancel()
@@ -333,6 +356,9 @@ func (d *daemon) abort() {
 	if d.watchCancel != nil {
 		d.watchCancel()
 		<-d.watchDone
+	}
+	if d.scanDone != nil {
+		<-d.scanDone
 	}
 	if d.pub != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
