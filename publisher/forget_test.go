@@ -47,6 +47,21 @@ func TestDeletedFilesAreForgotten(t *testing.T) {
 		pr := p.Progress().Roots[root]
 		return pr != nil && pr.Mirrored == 3 && pr.Skipped == 1
 	})
+	moved := files[2]
+	newPath := filepath.Join(root, "elsewhere", filepath.Base(moved.Path))
+	if err := os.MkdirAll(filepath.Dir(newPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved.Path, newPath); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the moved file known at its new path only", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		_, old := p.byPath[moved.Path]
+		_, now := p.byPath[newPath]
+		return !old && now
+	})
 	gone := files[0]
 	ino := inode(t, gone.Path)
 	waitUntil(t, "the file's checkpoint staged", func() bool {
@@ -79,10 +94,10 @@ func TestDeletedFilesAreForgotten(t *testing.T) {
 	if pr.Deleted != 1 || pr.Sessions != 2 || pr.Mirrored != 2 || pr.Skipped != 0 {
 		t.Errorf("progress after the deletions: %+v", *pr)
 	}
-	for _, f := range files[1:] {
-		id := inode(t, f.Path)
+	for _, path := range []string{files[1].Path, newPath} {
+		id := inode(t, path)
 		if _, ok := store.Get(checkpoint.Key(id.Dev, id.Ino)); !ok {
-			t.Errorf("%s: checkpoint lost", f.Path)
+			t.Errorf("%s: checkpoint lost", path)
 		}
 	}
 }

@@ -119,6 +119,14 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		st.headDirty = true
 	}
 	p.mu.Lock()
+	if prev := p.files[f.ID]; prev != nil { // reopened: what it was known by before goes
+		if prev.file.Path != f.Path && p.byPath[prev.file.Path] == f.ID {
+			delete(p.byPath, prev.file.Path) // moved
+		}
+		if prev.conv.Key != st.conv.Key && p.byConv[prev.conv.Key] == f.ID {
+			delete(p.byConv, prev.conv.Key) // rewritten as another conversation
+		}
+	}
 	p.files[f.ID] = st
 	p.byPath[f.Path] = f.ID
 	p.mu.Unlock()
