@@ -25,6 +25,13 @@ type Server struct {
 // directory; it is shut down when the test ends.
 func Run(t testing.TB) *Server {
 	t.Helper()
+	return RunWith(t, nil)
+}
+
+// RunWith is Run with options of the test's choosing (TLS, users, accounts…) set by
+// configure on top of Run's.
+func RunWith(t testing.TB, configure func(*server.Options)) *Server {
+	t.Helper()
 	opts := server.Options{
 		ServerName: "natstest",
 		Host:       "127.0.0.1",
@@ -34,6 +41,9 @@ func Run(t testing.TB) *Server {
 		NoSigs:     true,
 		NoLog:      true,
 		MaxPayload: 1 << 20,
+	}
+	if configure != nil {
+		configure(&opts)
 	}
 	s := &Server{opts: opts, t: t}
 	s.start()
@@ -61,6 +71,9 @@ func (s *Server) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.opts
 // Addr is host:port.
 func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.opts.Port) }
 
+// Options are the options the server was started with.
+func (s *Server) Options() server.Options { return s.opts }
+
 // StoreDir is the JetStream store directory.
 func (s *Server) StoreDir() string { return s.opts.StoreDir }
 
@@ -77,6 +90,13 @@ func (s *Server) Stop() {
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
+	s.start()
+}
+
+// Start starts a stopped server again on the same port and store, for a test that does
+// something while it is down.
+func (s *Server) Start() {
+	s.t.Helper()
 	s.start()
 }
 

@@ -114,51 +114,8 @@ func writePEM(t *testing.T, path, typ string, der []byte, mode os.FileMode) {
 	}
 }
 
-// secServer is a JetStream nats-server on loopback with options of the test's choosing
-// (TLS, users, token, nkeys, operator), restartable on the same port and store.
-type secServer struct {
-	t    *testing.T
-	opts server.Options
-	s    *server.Server
-}
-
-func startSecServer(t *testing.T, configure func(*server.Options)) *secServer {
-	t.Helper()
-	s := &secServer{t: t, opts: server.Options{
-		ServerName: "sec", Host: "127.0.0.1", Port: natstest.FreePort(t), JetStream: true,
-		StoreDir: filepath.Join(t.TempDir(), "js"), NoSigs: true, NoLog: true, MaxPayload: 1 << 20,
-	}}
-	configure(&s.opts)
-	s.start()
-	t.Cleanup(s.stop)
-	return s
-}
-
-func (s *secServer) start() {
-	s.t.Helper()
-	opts := s.opts
-	ns, err := server.NewServer(&opts)
-	if err != nil {
-		s.t.Fatalf("nats-server: %v", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(20 * time.Second) {
-		s.t.Fatal("nats-server not ready")
-	}
-	s.s = ns
-}
-
-func (s *secServer) stop() {
-	if s.s != nil {
-		s.s.Shutdown()
-		s.s.WaitForShutdown()
-		s.s = nil
-	}
-}
-
-func (s *secServer) url(scheme string) string {
-	return fmt.Sprintf("%s://127.0.0.1:%d", scheme, s.opts.Port)
-}
+// urlOf is the server's URL with scheme (nats, tls).
+func urlOf(s *natstest.Server, scheme string) string { return scheme + "://" + s.Addr() }
 
 // mutualTLS makes a server require a certificate of ca from every client.
 func mutualTLS(t *testing.T, ca *secCA, serverName string) func(*server.Options) {
@@ -190,14 +147,14 @@ func connFlagsOf(t *testing.T, args ...string) *connFlags {
 // with an error that says what is wrong and which flag to look at.
 func TestTLSMutual(t *testing.T) {
 	ca, other := newSecCA(t, "pisync test CA"), newSecCA(t, "someone else's CA")
-	srv := startSecServer(t, mutualTLS(t, ca, "nats.test"))
+	srv := natstest.RunWith(t, mutualTLS(t, ca, "nats.test"))
 	plain := natstest.Run(t)
 	cert, key := ca.issue(t, "acme-alice", x509.ExtKeyUsageClientAuth)
 	foreignCert, foreignKey := other.issue(t, "acme-alice", x509.ExtKeyUsageClientAuth)
 	expiredCert, expiredKey := ca.issueWith(t, "acme-alice", x509.ExtKeyUsageClientAuth, func(c *x509.Certificate) {
 		c.NotBefore, c.NotAfter = time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
 	})
-	url := srv.url("tls")
+	url := urlOf(srv, "tls")
 	good := []string{"--nats", url, "--tls-ca", ca.file(), "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "nats.test"}
 
 	c := connFlagsOf(t, good...)
@@ -409,13 +366,13 @@ func TestTLSSecretsNeverShown(t *testing.T) {
 }
 
 func testSecretsNeverShown(t *testing.T, tc secretCase) {
-	srv := startSecServer(t, tc.server)
+	srv := natstest.RunWith(t, tc.server)
 	scheme := "nats"
-	if srv.opts.TLS {
+	if srv.Options().TLS {
 		scheme = "tls"
 	}
 	conn := func(args []string) []string {
-		u := srv.url(scheme)
+		u := urlOf(srv, scheme)
 		switch {
 		case len(args) == 1 && args[0] == "--nats-url-credentials":
 			return []string{"--nats", strings.Replace(u, "://", "://acme-alice:"+strings.ReplaceAll(tc.secrets[0], "%", "%25")+"@", 1)}
@@ -446,9 +403,9 @@ func testSecretsNeverShown(t *testing.T, tc secretCase) {
 		return false, "no root yet"
 	})
 	// Lose the server and get it back: disconnection and reconnection are logged.
-	srv.stop()
+	srv.Stop()
 	waitFor(t, 10*time.Second, "disconnection seen", func() (bool, string) { return !d.nc.IsConnected(), "still connected" })
-	srv.start()
+	srv.Start()
 	waitFor(t, 30*time.Second, "reconnection", func() (bool, string) { return d.nc.IsConnected(), "not yet" })
 
 	var pages []string
@@ -582,9 +539,9 @@ func writeCreds(t *testing.T) (file, seed string, configure func(*server.Options
 // same certificate gives up after --connect-timeout with exit 1 and the TLS error.
 func TestTLSBadCertificateRetries(t *testing.T) {
 	ca, other := newSecCA(t, "pisync test CA"), newSecCA(t, "someone else's CA")
-	srv := startSecServer(t, mutualTLS(t, ca, "nats.test"))
+	srv := natstest.RunWith(t, mutualTLS(t, ca, "nats.test"))
 	cert, key := other.issue(t, "acme-alice", x509.ExtKeyUsageClientAuth)
-	conn := []string{"--nats", srv.url("tls"), "--tls-ca", ca.file(), "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "nats.test"}
+	conn := []string{"--nats", urlOf(srv, "tls"), "--tls-ca", ca.file(), "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "nats.test"}
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 
 	var f runFlags
