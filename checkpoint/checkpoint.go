@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,6 +54,19 @@ type Record struct {
 
 // Key is the store key of a file identity.
 func Key(dev, ino uint64) string { return fmt.Sprintf("%d:%d", dev, ino) }
+
+// ParseKey is the file identity a store key was made of by Key.
+func ParseKey(key string) (dev, ino uint64, err error) {
+	d, i, ok := strings.Cut(key, ":")
+	if ok {
+		if dev, err = strconv.ParseUint(d, 10, 64); err == nil {
+			if ino, err = strconv.ParseUint(i, 10, 64); err == nil {
+				return dev, ino, nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("checkpoint key %q is not dev:ino", key)
+}
 
 // Key is the store key of r.
 func (r Record) Key() string { return Key(r.Dev, r.Ino) }
@@ -157,32 +172,61 @@ func (s *Store) Delete(key string) {
 
 // All returns every record, staged changes included.
 func (s *Store) All() ([]Record, error) {
+	var out []Record
+	err := s.each(func(key string, staged *Record, stored []byte) error {
+		if staged != nil {
+			out = append(out, *staged)
+			return nil
+		}
+		var r Record
+		if err := json.Unmarshal(stored, &r); err != nil {
+			return fmt.Errorf("record %s: %w", key, err)
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// Keys returns the key of every record, staged changes included, without decoding the
+// records: for a pass over 100k files that needs a few of them (Get those).
+func (s *Store) Keys() ([]string, error) {
+	var out []string
+	err := s.each(func(key string, _ *Record, _ []byte) error {
+		out = append(out, key)
+		return nil
+	})
+	return out, err
+}
+
+// each calls fn for every record, staged changes included: with the staged record, or
+// with nil and the committed bytes (valid during the call only).
+func (s *Store) each(fn func(key string, staged *Record, stored []byte) error) error {
 	s.mu.Lock()
 	dirty := make(map[string]*Record, len(s.dirty))
 	for k, v := range s.dirty {
 		dirty[k] = v
 	}
 	s.mu.Unlock()
-	var out []Record
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketName).ForEach(func(k, v []byte) error {
 			if _, ok := dirty[string(k)]; ok {
 				return nil
 			}
-			var r Record
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("record %s: %w", k, err)
-			}
-			out = append(out, r)
-			return nil
+			return fn(string(k), nil, v)
 		})
 	})
-	for _, r := range dirty {
+	if err != nil {
+		return err
+	}
+	for k, r := range dirty {
 		if r != nil {
-			out = append(out, *r)
+			if err := fn(k, r, nil); err != nil {
+				return err
+			}
 		}
 	}
-	return out, err
+	return nil
 }
 
 // Commit writes every staged change in one fsynced transaction. On failure the changes

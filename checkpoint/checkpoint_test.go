@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +46,33 @@ func TestPutCommitReopen(t *testing.T) {
 	all, err := s.All()
 	if err != nil || len(all) != 1 {
 		t.Errorf("All = %d records, %v", len(all), err)
+	}
+	c := Record{Dev: 2, Ino: 12}
+	s.Put(c) // staged: listed too
+	keys, err := s.Keys()
+	if err != nil || !slices.Equal(slices.Sorted(slices.Values(keys)), []string{b.Key(), c.Key()}) {
+		t.Errorf("Keys = %v, %v; want %s and %s", keys, err, b.Key(), c.Key())
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	for _, tc := range []struct {
+		key      string
+		dev, ino uint64
+		ok       bool
+	}{
+		{Key(66306, 1234567), 66306, 1234567, true},
+		{Key(0, 0), 0, 0, true},
+		{Key(1<<64-1, 1<<64-1), 1<<64 - 1, 1<<64 - 1, true},
+		{"12", 0, 0, false},
+		{"a:1", 0, 0, false},
+		{"1:", 0, 0, false},
+		{"1:2:3", 0, 0, false},
+	} {
+		dev, ino, err := ParseKey(tc.key)
+		if (err == nil) != tc.ok || dev != tc.dev || ino != tc.ino {
+			t.Errorf("ParseKey(%q) = %d, %d, %v", tc.key, dev, ino, err)
+		}
 	}
 }
 

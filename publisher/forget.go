@@ -32,7 +32,7 @@ func (p *Publisher) forgetGone() []*fileState {
 	var done []*fileState
 	for _, st := range cands {
 		st.mu.Lock()
-		settled := st.gone && len(st.queue) == 0 && !st.cpDirty && !st.failed &&
+		settled := len(st.queue) == 0 && !st.cpDirty && !st.failed &&
 			(st.goneHeadWritten || st.acked.StreamSeq == 0)
 		id := st.file.ID
 		st.mu.Unlock()
@@ -89,7 +89,7 @@ func (p *Publisher) drop(st *fileState) {
 // here; when it opens it resumes from the mirror and rewrites its head, as a file without
 // a checkpoint does. It returns how many records it removes.
 func (p *Publisher) PruneCheckpoints(ctx context.Context, roots []string) (int, error) {
-	recs, err := p.opts.Checkpoints.All()
+	keys, err := p.opts.Checkpoints.Keys() // not the records: most belong to open files
 	if err != nil {
 		return 0, fmt.Errorf("list checkpoints: %w", err)
 	}
@@ -100,11 +100,16 @@ func (p *Publisher) PruneCheckpoints(ctx context.Context, roots []string) (int, 
 		}
 	}
 	pruned := 0
-	for _, rec := range recs {
+	for _, key := range keys {
 		if ctx.Err() != nil {
 			return pruned, ctx.Err()
 		}
-		if !watched[rec.Root] || p.isOpen(watcher.FileID{Dev: rec.Dev, Ino: rec.Ino}) {
+		dev, ino, err := checkpoint.ParseKey(key)
+		if err != nil || p.isOpen(watcher.FileID{Dev: dev, Ino: ino}) {
+			continue
+		}
+		rec, ok := p.opts.Checkpoints.Get(key)
+		if !ok || !watched[rec.Root] {
 			continue
 		}
 		path := filepath.Join(rec.Root, filepath.FromSlash(rec.Rel))
@@ -116,7 +121,7 @@ func (p *Publisher) PruneCheckpoints(ctx context.Context, roots []string) (int, 
 				zap.String("path", path), zap.String("conversation", rec.ConvKey), zap.Error(err))
 			continue
 		}
-		p.opts.Checkpoints.Delete(rec.Key())
+		p.opts.Checkpoints.Delete(key)
 		pruned++
 	}
 	return pruned, nil

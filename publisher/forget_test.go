@@ -26,12 +26,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // as deleted; a deleted file that is not a session is dropped at once. Files that stay
 // are untouched.
 func TestDeletedFilesAreForgotten(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv := natstest.Run(t)
-	store := openStore(t, t.TempDir())
-	p := startPublisher(t, ctx, srv.URL(), store)
-	defer p.Close(context.Background())
+	ctx, p, store := publisherOnServer(t)
 
 	root := t.TempDir()
 	files := writeFiles(t, root, 3)
@@ -62,6 +57,12 @@ func TestDeletedFilesAreForgotten(t *testing.T) {
 		_, now := p.byPath[newPath]
 		return !old && now
 	})
+	p.mu.Lock()
+	claim, id := p.byConv[moved.ID], inode(t, newPath)
+	p.mu.Unlock()
+	if claim != id {
+		t.Errorf("the moved file's conversation is claimed by %v, want %v (guarantee 9)", claim, id)
+	}
 	gone := files[0]
 	ino := inode(t, gone.Path)
 	waitUntil(t, "the file's checkpoint staged", func() bool {
@@ -100,6 +101,72 @@ func TestDeletedFilesAreForgotten(t *testing.T) {
 			t.Errorf("%s: checkpoint lost", path)
 		}
 	}
+}
+
+// TestForgottenFileComesBackOnce: a session moved out of the roots is forgotten,
+// checkpoint included; moved back with a line more, it resumes from the mirror, which
+// then holds each of its lines once (guarantee 2), and its head no longer says deleted.
+func TestForgottenFileComesBackOnce(t *testing.T) {
+	ctx, p, store := publisherOnServer(t)
+	root, outside := t.TempDir(), t.TempDir()
+	f := writeFiles(t, root, 1)[0]
+	stopWatcher, _ := startWatcher(t, ctx, p, root)
+	defer stopWatcher()
+	waitUntil(t, "the session mirrored", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Mirrored == 1
+	})
+	id := inode(t, f.Path)
+	waitUntil(t, "the file's checkpoint staged", func() bool {
+		_, ok := store.Get(checkpoint.Key(id.Dev, id.Ino))
+		return ok
+	})
+
+	inRoot := f.Path
+	f.Path = filepath.Join(outside, filepath.Base(inRoot))
+	if err := os.Rename(inRoot, f.Path); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the file forgotten, checkpoint included", func() bool {
+		_, ok := store.Get(checkpoint.Key(id.Dev, id.Ino))
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.files) == 0 && !ok
+	})
+	if err := f.Append(f.Entry(400)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(f.Path, inRoot); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the file back and mirrored", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Mirrored == 1
+	})
+
+	c, err := p.reader.Conv(f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]int{}
+	if err := p.reader.Scan(ctx, c, mirror.ScanOptions{}, func(m mirror.Msg) error {
+		seen[m.Ordinal]++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 4 {
+		t.Errorf("the mirror holds ordinals %v, want 0 to 3", seen)
+	}
+	for ord, n := range seen {
+		if n != 1 {
+			t.Errorf("line %d is in the stream %d times", ord+1, n)
+		}
+	}
+	waitUntil(t, "the head no longer says deleted", func() bool {
+		h, _, err := p.reader.Head(ctx, c)
+		return err == nil && !h.LocalDeleted && h.Entries == 4
+	})
 }
 
 func inode(t *testing.T, path string) watcher.FileID {
@@ -200,6 +267,20 @@ func TestPruneCheckpointsDeletedWhileStopped(t *testing.T) {
 	if n, err := p.PruneCheckpoints(ctx, []string{root}); err != nil || n != 0 {
 		t.Errorf("second PruneCheckpoints = %d, %v; want nothing left to remove", n, err)
 	}
+}
+
+// publisherOnServer starts a publisher (see startPublisher) on a fresh server with a
+// fresh checkpoint store, closed when the test ends, and a context for the test.
+func publisherOnServer(t *testing.T) (context.Context, *Publisher, *checkpoint.Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	srv := natstest.Run(t)
+	store := openStore(t, t.TempDir())
+	t.Cleanup(func() { _ = store.Close() }) // after the publisher's last commit
+	p := startPublisher(t, ctx, srv.URL(), store)
+	t.Cleanup(func() { p.Close(context.Background()) })
+	return ctx, p, store
 }
 
 func openStore(t *testing.T, dir string) *checkpoint.Store {

@@ -119,16 +119,12 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		st.headDirty = true
 	}
 	p.mu.Lock()
-	if prev := p.files[f.ID]; prev != nil { // reopened: what it was known by before goes
-		if prev.file.Path != f.Path && p.byPath[prev.file.Path] == f.ID {
-			delete(p.byPath, prev.file.Path) // moved
-		}
-		if prev.conv.Key != st.conv.Key && p.byConv[prev.conv.Key] == f.ID {
-			delete(p.byConv, prev.conv.Key) // rewritten as another conversation
-		}
+	if prev := p.files[f.ID]; prev != nil {
+		p.drop(prev) // reopened: the old path of a move, the old key of a rewrite go
 	}
 	p.files[f.ID] = st
 	p.byPath[f.Path] = f.ID
+	p.byConv[st.conv.Key] = f.ID // claimed above, dropped again if prev had the same key
 	p.mu.Unlock()
 	if st.headDirty {
 		p.noteDirty(st)
