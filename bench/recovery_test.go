@@ -28,17 +28,17 @@ func BenchmarkRecovery(b *testing.B) {
 	fx := recoveryFixture(b, backfillSpec(*flagSessions, *flagEntries))
 	for range b.N {
 		load := startLoad()
-		var rawCPU, dryCPU, wetCPU time.Duration
-		raw := cpuOf(&rawCPU, func() time.Duration { return rawRead(b, fx) })
-		dry := cpuOf(&dryCPU, func() time.Duration { return runRecovery(b, fx, true, *flagRecParallel) })
-		wet := cpuOf(&wetCPU, func() time.Duration { return runRecovery(b, fx, false, *flagRecParallel) })
+		rawT := rawRead(b, fx)
+		dryT := runRecovery(b, fx, true, *flagRecParallel)
+		wetT := runRecovery(b, fx, false, *flagRecParallel)
+		raw, dry, wet := rawT.wall, dryT.wall, wetT.wall
 		lines := float64(fx.w.lines)
 		// CPU per line of the whole process (server and client): what bounds the rate
 		// on a machine whose cores the raw read already keeps busy.
-		b.ReportMetric(wetCPU.Seconds()*1e6/lines, "cpu-us/entry")
-		b.ReportMetric(dryCPU.Seconds()*1e6/lines, "dry-run-cpu-us/entry")
-		b.ReportMetric(rawCPU.Seconds()*1e6/lines, "raw-read-cpu-us/entry")
-		b.ReportMetric(rawCPU.Seconds()/raw.Seconds(), "raw-read-cores")
+		b.ReportMetric(wetT.cpu.Seconds()*1e6/lines, "cpu-us/entry")
+		b.ReportMetric(dryT.cpu.Seconds()*1e6/lines, "dry-run-cpu-us/entry")
+		b.ReportMetric(rawT.cpu.Seconds()*1e6/lines, "raw-read-cpu-us/entry")
+		b.ReportMetric(rawT.cpu.Seconds()/raw.Seconds(), "raw-read-cores")
 		b.ReportMetric(lines/wet.Seconds(), "entries/s")
 		b.ReportMetric(float64(fx.w.bytes)/wet.Seconds()/1e6, "MB/s")
 		b.ReportMetric(lines/dry.Seconds(), "dry-run-entries/s")
@@ -50,14 +50,14 @@ func BenchmarkRecovery(b *testing.B) {
 	}
 }
 
-// cpuOf runs timed, which returns the time of its timed section, and adds the CPU
-// time this process spent meanwhile to cpu. The untimed set-up around the section is
-// counted too; it is small against reading half a million messages.
-func cpuOf(cpu *time.Duration, timed func() time.Duration) time.Duration {
-	start := selfCPU()
-	d := timed()
-	*cpu += selfCPU() - start
-	return d
+// timed is what a timed section took: wall-clock time, and the CPU time of the whole
+// process (the embedded server included) over the same window.
+type timed struct{ wall, cpu time.Duration }
+
+// startTimed starts timing a section; the function it returns ends it.
+func startTimed() func() timed {
+	start, cpu := time.Now(), selfCPU()
+	return func() timed { return timed{time.Since(start), selfCPU() - cpu} }
 }
 
 // processTB is a testing.TB whose cleanups and temporary directories last until the
@@ -113,7 +113,7 @@ func recoveryFixture(tb testing.TB, s spec) *mirrorFixture {
 // runRecovery recovers every conversation of the fixture's owner into a fresh directory
 // and checks the outcome: every conversation written, every line, every byte, and the
 // first files identical to the originals.
-func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) time.Duration {
+func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) timed {
 	tb.Helper()
 	ctx := context.Background()
 	nc := natstest.Connect(tb, fx.url)
@@ -132,13 +132,13 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 	}
 	stopProfile := profile(tb, name)
 	defer stopProfile()
-	start := time.Now()
+	stop := startTimed()
 	sel, err := recovery.Select(ctx, m, nil, true)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	reps := recovery.New(m, recovery.Options{Out: out, Parallel: parallel, DryRun: dryRun}).Run(ctx, sel)
-	elapsed := time.Since(start)
+	elapsed := stop()
 	stopProfile()
 
 	want := recovery.Written
@@ -179,7 +179,7 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 
 // rawRead is the ceiling of recovery: one ordered consumer over every subject of the
 // owner, reading every message, bodies included.
-func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
+func rawRead(tb testing.TB, fx *mirrorFixture) timed {
 	tb.Helper()
 	ctx := context.Background()
 	nc := natstest.Connect(tb, fx.url)
@@ -189,7 +189,7 @@ func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
 	settle()
 	stopProfile := profile(tb, "recovery-raw-read")
 	defer stopProfile()
-	start := time.Now()
+	stop := startTimed()
 	cons, err := js.OrderedConsumer(ctx, names.Stream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{names.OwnerSubjects(owner(tb))},
 		InactiveThreshold: 5 * time.Second,
@@ -224,7 +224,7 @@ func rawRead(tb testing.TB, fx *mirrorFixture) time.Duration {
 			break
 		}
 	}
-	elapsed := time.Since(start)
+	elapsed := stop()
 	stopProfile()
 	if n != fx.w.lines {
 		tb.Fatalf("raw read %d messages, want %d", n, fx.w.lines)
