@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 	"github.com/pisync/pisync/publisher"
 	"github.com/pisync/pisync/watcher"
 )

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/conformance/pitest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/pitest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 	"github.com/pisync/pisync/recovery"
 )
 

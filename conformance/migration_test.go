@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/conformance/pitest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/pitest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 )
 
 // TestV1Migration: Pi's coding-agent rewrites a version-1 file in place when it opens it

@@ -20,9 +20,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/conformance/pitest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/pitest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 	"github.com/pisync/pisync/recovery"
 )
 

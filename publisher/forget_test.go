@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/session/sessiontest"
 	"github.com/pisync/pisync/watcher"
 )
 

@@ -1,5 +1,5 @@
-// Package recovery rebuilds Pi session files from the pisync mirror (DESIGN §4), and
-// compares local files with it (Verify, Status).
+// Package recovery rebuilds Pi session files from the pisync mirror (DESIGN §4).
+// Comparing local files with the mirror (status, verify) is package verify's.
 //
 // The work is split so that the rules can be tested without NATS: [Rebuild] is pure
 // (ordered lines and the head in, the file's lines and a report out, blobs left as

@@ -2,104 +2,16 @@ package recovery
 
 import (
 	"bytes"
-	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
+	"github.com/pisync/pisync/internal/mirrortest"
 )
 
-// testMirror is a provisioned mirror on a real embedded nats-server.
-type testMirror struct {
-	js    jetstream.JetStream
-	names mirror.Names
-	owner mirror.Owner
-	r     Mirror
-	w     *mirror.Writer
-}
-
-func newTestMirror(t *testing.T) *testMirror {
-	t.Helper()
-	srv := natstest.Run(t)
-	return mirrorFor(t, srv.URL(), "t1", "alice")
-}
-
-func mirrorFor(t *testing.T, url, tenant, owner string) *testMirror {
-	t.Helper()
-	nc := natstest.Connect(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testCtx(t)
-	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	o, err := mirror.NewOwner(tenant, owner)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewMirror(ctx, js, names, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := mirror.NewWriter(ctx, js, names, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testMirror{js: js, names: names, owner: o, r: r, w: w}
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// publish stores msgs of m (blobs first, as the publisher does) and, if given, the head.
-func (tm *testMirror) publish(t *testing.T, m mirrored, msgs []mirror.Msg, head *mirror.Head) {
-	t.Helper()
-	ctx := testCtx(t)
-	conv, err := mirror.NewConv(tm.owner, m.conv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, msg := range msgs {
-		if msg.Kind == mirror.KindBlob {
-			if _, err := tm.w.PutBlob(ctx, msg.SHA256, bytes.NewReader(m.blobs[msg.SHA256])); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := tm.js.PublishMsg(ctx, tm.names.NewMsg(conv, msg.Line, msg.Data)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if head != nil {
-		if err := tm.w.PutHead(ctx, conv, *head); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// mirrorInput publishes a golden input file whole as generation gen, with its head
-// recorded under root.
-func (tm *testMirror) mirrorInput(t *testing.T, path string, gen, blobThreshold int, root string) ([][]byte, mirrored, mirror.Head) {
-	t.Helper()
-	lines := readLines(t, path)
-	m := mirrorFile(t, lines, gen, blobThreshold)
-	head := daemonHead(lines, m, gen)
-	head.Root = root
-	tm.publish(t, m, m.msgs, &head)
-	return lines, m, head
-}
+func newTestMirror(t *testing.T) *mirrortest.Mirror { return mirrortest.New(t) }
 
 // TestRecoverGoldenThroughMirror runs the golden cases that need the real mirror: blob
 // lines streamed from the object store, and a conversation with two generations.
@@ -108,11 +20,11 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 		tm := newTestMirror(t)
 		dir := filepath.Join("testdata", "golden", "blob")
 		root := t.TempDir()
-		input, m, head := tm.mirrorInput(t, filepath.Join(dir, "input.jsonl"), 1, 400, root)
-		if len(m.blobs) != 2 {
-			t.Fatalf("%d blobs, want 2", len(m.blobs))
+		input, m, head := tm.MirrorInput(t, filepath.Join(dir, "input.jsonl"), 1, 400, root)
+		if len(m.Blobs) != 2 {
+			t.Fatalf("%d blobs, want 2", len(m.Blobs))
 		}
-		rep := New(tm.r, Options{}).One(testCtx(t), m.conv)
+		rep := New(tm.Reader, Options{}).One(mirrortest.Ctx(t), m.Conv)
 		if rep.Result != Written {
 			t.Fatalf("%s: %s", rep.Result, rep.Reason)
 		}
@@ -123,7 +35,7 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(got, joinLines(input)) {
+		if !bytes.Equal(got, mirrortest.JoinLines(input)) {
 			t.Error("complete mirror with blobs: not byte-identical")
 		}
 		checkGolden(t, filepath.Join(dir, "output.jsonl"), got)
@@ -132,8 +44,8 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 	t.Run("generations", func(t *testing.T) {
 		tm := newTestMirror(t)
 		dir := filepath.Join("testdata", "golden", "generations")
-		tm.mirrorInput(t, filepath.Join(dir, "input-gen1.jsonl"), 1, 0, testRoot)
-		input, m, _ := tm.mirrorInput(t, filepath.Join(dir, "input.jsonl"), 2, 0, testRoot)
+		tm.MirrorInput(t, filepath.Join(dir, "input-gen1.jsonl"), 1, 0, mirrortest.Root)
+		input, m, _ := tm.MirrorInput(t, filepath.Join(dir, "input.jsonl"), 2, 0, mirrortest.Root)
 		for _, tc := range []struct {
 			gen    int
 			suffix string
@@ -144,18 +56,18 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 			{2, "-gen2", "input.jsonl"},
 		} {
 			out := t.TempDir()
-			rep := New(tm.r, Options{Out: out, Generation: tc.gen}).One(testCtx(t), m.conv)
+			rep := New(tm.Reader, Options{Out: out, Generation: tc.gen}).One(mirrortest.Ctx(t), m.Conv)
 			if rep.Result != Written {
 				t.Fatalf("generation %d: %s: %s", tc.gen, rep.Result, rep.Reason)
 			}
-			if want := filepath.Join(out, filepath.FromSlash(m.source)); rep.Output != want {
+			if want := filepath.Join(out, filepath.FromSlash(m.Source)); rep.Output != want {
 				t.Errorf("generation %d written to %s, want Pi's layout %s", tc.gen, rep.Output, want)
 			}
 			got, err := os.ReadFile(rep.Output)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := joinLines(readLines(t, filepath.Join(dir, tc.want))); !bytes.Equal(got, want) {
+			if want := mirrortest.JoinLines(mirrortest.ReadLines(t, filepath.Join(dir, tc.want))); !bytes.Equal(got, want) {
 				t.Errorf("generation %d: not the file of that generation", tc.gen)
 			}
 			if tc.gen != 2 {
@@ -171,15 +83,15 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 // through the object store's chunks.
 func TestRecoverLargeBlob(t *testing.T) {
 	tm := newTestMirror(t)
-	lines := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
 	big := []byte(`{"type":"message","id":"e00000ff","parentId":"e0000007","timestamp":"2026-11-01T09:00:08.000Z","message":{"role":"user","content":[{"type":"image","mimeType":"image/png","data":"` +
 		strings.Repeat("iVBORw0KGgo", 300_000) + `"}]}}`)
 	lines = append(lines, big)
-	m := mirrorFile(t, lines, 1, 512<<10)
-	head := daemonHead(lines, m, 1)
+	m := mirrortest.MirrorFile(t, lines, 1, 512<<10)
+	head := mirrortest.DaemonHead(lines, m, 1)
 	head.Root = t.TempDir()
-	tm.publish(t, m, m.msgs, &head)
-	rep := New(tm.r, Options{}).One(testCtx(t), m.conv)
+	tm.Publish(t, m, m.Msgs, &head)
+	rep := New(tm.Reader, Options{}).One(mirrortest.Ctx(t), m.Conv)
 	if rep.Result != Written || rep.Blobs != 1 {
 		t.Fatalf("%s (%d blobs): %s", rep.Result, rep.Blobs, rep.Reason)
 	}
@@ -187,7 +99,7 @@ func TestRecoverLargeBlob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got, joinLines(lines)) {
+	if !bytes.Equal(got, mirrortest.JoinLines(lines)) {
 		t.Fatal("not byte-identical")
 	}
 }

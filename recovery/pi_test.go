@@ -7,7 +7,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/pisync/pisync/conformance/pitest"
+	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/pitest"
 )
 
 // TestRebuiltFilesOpenInPi loads every rebuilt golden file that Pi's harness can read
@@ -62,7 +63,7 @@ func TestRebuiltFilesOpenInPi(t *testing.T) {
 				got = append(got, m)
 			}
 			var want []map[string]any
-			for _, l := range readLines(t, output(name))[1:] {
+			for _, l := range mirrortest.ReadLines(t, output(name))[1:] {
 				var e map[string]any
 				if err := json.Unmarshal(l, &e); err != nil {
 					t.Fatal(err)

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // planBytes is the rebuilt file of a plan without blobs.
@@ -67,11 +68,11 @@ func TestRebuildGolden(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join("testdata", "golden", tc.name)
-			input := readLines(t, filepath.Join(dir, "input.jsonl"))
-			m := mirrorFile(t, input, 1, 0)
-			head := daemonHead(input, m, 1)
-			in := Input{Key: m.conv, Generation: 1, Generations: []int{1}, Head: &head, DropRaw: tc.dropRaw,
-				Lines: linesOf(without(m.msgs, tc.drop))}
+			input := mirrortest.ReadLines(t, filepath.Join(dir, "input.jsonl"))
+			m := mirrortest.MirrorFile(t, input, 1, 0)
+			head := mirrortest.DaemonHead(input, m, 1)
+			in := Input{Key: m.Conv, Generation: 1, Generations: []int{1}, Head: &head, DropRaw: tc.dropRaw,
+				Lines: linesOf(mirrortest.Without(m.Msgs, tc.drop))}
 			if tc.noHead {
 				in.Head = nil
 			}
@@ -83,7 +84,7 @@ func TestRebuildGolden(t *testing.T) {
 			checkGolden(t, filepath.Join(dir, "output.jsonl"), got)
 			checkGolden(t, filepath.Join(dir, "report.json"), reportJSON(t, p.Report, ""))
 
-			if tc.identical && !bytes.Equal(got, joinLines(input)) {
+			if tc.identical && !bytes.Equal(got, mirrortest.JoinLines(input)) {
 				t.Errorf("a complete mirror must rebuild the file byte for byte")
 			}
 			if p.HeadMismatch {
@@ -107,7 +108,7 @@ func TestRebuildGolden(t *testing.T) {
 				t.Errorf("conflicts %v, want %v", kinds, tc.conflicts)
 			}
 			if len(tc.drop) > 0 {
-				checkTree(t, splitLines(got), p)
+				checkTree(t, mirrortest.SplitLines(got), p)
 			}
 		})
 	}
@@ -180,18 +181,18 @@ func checkTree(t *testing.T, lines [][]byte, p *Plan) {
 // TestRebuildOrderOfArrival: whatever order the messages are stored in, the file comes
 // back in ordinal order (DESIGN §3.3).
 func TestRebuildOrderOfArrival(t *testing.T) {
-	input := readLines(t, filepath.Join("testdata", "golden", "complete", "input.jsonl"))
-	m := mirrorFile(t, input, 1, 0)
-	head := daemonHead(input, m, 1)
+	input := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "complete", "input.jsonl"))
+	m := mirrortest.MirrorFile(t, input, 1, 0)
+	head := mirrortest.DaemonHead(input, m, 1)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 20 {
-		lines := linesOf(m.msgs)
+		lines := linesOf(m.Msgs)
 		rng.Shuffle(len(lines), func(i, j int) { lines[i], lines[j] = lines[j], lines[i] })
-		p, err := Rebuild(Input{Key: m.conv, Generation: 1, Lines: lines, Head: &head})
+		p, err := Rebuild(Input{Key: m.Conv, Generation: 1, Lines: lines, Head: &head})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(planBytes(t, p), joinLines(input)) {
+		if !bytes.Equal(planBytes(t, p), mirrortest.JoinLines(input)) {
 			t.Fatal("shuffled messages rebuilt another file")
 		}
 	}
@@ -199,9 +200,9 @@ func TestRebuildOrderOfArrival(t *testing.T) {
 
 // TestRebuildChecks covers the failures and findings that are not golden cases.
 func TestRebuildChecks(t *testing.T) {
-	input := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
-	m := mirrorFile(t, input, 1, 0)
-	base := daemonHead(input, m, 1)
+	input := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
+	m := mirrortest.MirrorFile(t, input, 1, 0)
+	base := mirrortest.DaemonHead(input, m, 1)
 	cases := []struct {
 		name  string
 		edit  func(lines []Line, h *mirror.Head) []Line
@@ -237,7 +238,7 @@ func TestRebuildChecks(t *testing.T) {
 			dup.Seq, dup.SHA256 = 100, strings.Repeat("0", 64)
 			return append(ls, dup)
 		}, check: func(t *testing.T, p *Plan) {
-			if !hasConflict(p.Report, ConflictOrdinal) || !bytes.Equal(planBytes(t, p), joinLines(input)) {
+			if !hasConflict(p.Report, ConflictOrdinal) || !bytes.Equal(planBytes(t, p), mirrortest.JoinLines(input)) {
 				t.Errorf("conflicts %+v", p.Report.Conflicts)
 			}
 		}},
@@ -255,8 +256,8 @@ func TestRebuildChecks(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			head := base
-			lines := tc.edit(linesOf(m.msgs), &head)
-			p, err := Rebuild(Input{Key: m.conv, Generation: 1, Lines: lines, Head: &head})
+			lines := tc.edit(linesOf(m.Msgs), &head)
+			p, err := Rebuild(Input{Key: m.Conv, Generation: 1, Lines: lines, Head: &head})
 			switch {
 			case tc.err != nil && err == nil:
 				t.Fatalf("no error, want %v", tc.err)
@@ -293,20 +294,20 @@ func TestRebuildRandomHoles(t *testing.T) {
 		for range 5 + rng.IntN(40) {
 			lines = append(lines, f.Entry(200))
 		}
-		m := mirrorFile(t, lines, 1, 0)
+		m := mirrortest.MirrorFile(t, lines, 1, 0)
 		var drop []int64
 		for o := 1; o < len(lines); o++ {
 			if rng.IntN(4) == 0 {
 				drop = append(drop, int64(o))
 			}
 		}
-		kept := without(m.msgs, drop)
+		kept := mirrortest.Without(m.Msgs, drop)
 		var mirroredLeaf session.Leaf
 		for _, msg := range kept[1:] {
 			env, _ := session.ScanEntry(msg.Data)
 			mirroredLeaf.Apply(env)
 		}
-		p, err := Rebuild(Input{Key: m.conv, Generation: 1, Lines: linesOf(kept)})
+		p, err := Rebuild(Input{Key: m.Conv, Generation: 1, Lines: linesOf(kept)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,8 +315,8 @@ func TestRebuildRandomHoles(t *testing.T) {
 			t.Fatalf("session %d: rebuilt leaf %q, mirrored lines' leaf %q", i, p.Report.Leaf, mirroredLeaf.ID())
 		}
 		if len(drop) > 0 {
-			checkTree(t, splitLines(planBytes(t, p)), p)
-		} else if !bytes.Equal(planBytes(t, p), joinLines(lines)) {
+			checkTree(t, mirrortest.SplitLines(planBytes(t, p)), p)
+		} else if !bytes.Equal(planBytes(t, p), mirrortest.JoinLines(lines)) {
 			t.Fatalf("session %d: complete mirror, other bytes", i)
 		}
 	}
@@ -330,13 +331,13 @@ func BenchmarkRebuild(b *testing.B) {
 	for range 500 {
 		lines = append(lines, f.Entry(400))
 	}
-	m := mirrorFile(b, lines, 1, 0)
-	head := daemonHead(lines, m, 1)
+	m := mirrortest.MirrorFile(b, lines, 1, 0)
+	head := mirrortest.DaemonHead(lines, m, 1)
 	for _, bc := range []struct {
 		name string
 		drop []int64
 	}{{"complete", nil}, {"holes", []int64{10, 11, 200, 499}}} {
-		in := Input{Key: m.conv, Generation: 1, Lines: linesOf(without(m.msgs, bc.drop)), Head: &head}
+		in := Input{Key: m.Conv, Generation: 1, Lines: linesOf(mirrortest.Without(m.Msgs, bc.drop)), Head: &head}
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

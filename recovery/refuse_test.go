@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 
@@ -16,7 +17,7 @@ func TestRecoverRefusals(t *testing.T) {
 	goldenInput := func(name string) string { return filepath.Join("testdata", "golden", name, "input.jsonl") }
 	type setup struct {
 		lines [][]byte
-		m     mirrored
+		m     mirrortest.Mirrored
 		head  mirror.Head
 		root  string // the recorded root
 		local string // the recorded file's path
@@ -30,29 +31,29 @@ func TestRecoverRefusals(t *testing.T) {
 		want    []string                     // substrings of the reason
 	}{
 		{name: "existing file", input: "missing_middle",
-			prepare: func(t *testing.T, s *setup) { writeFile(t, s.local, joinLines(s.lines[:4])) },
+			prepare: func(t *testing.T, s *setup) { mirrortest.WriteFile(t, s.local, mirrortest.JoinLines(s.lines[:4])) },
 			want:    []string{"exists and differs", "--force overwrites it"}},
 		{name: "local file holds lines the mirror lacks", input: "missing_middle", opts: Options{Force: true},
 			prepare: func(t *testing.T, s *setup) {
 				extra := []byte(`{"type":"message","id":"e0000008","parentId":"e0000007","timestamp":"2026-11-01T09:00:08.000Z","message":{"role":"user","content":[]}}`)
-				writeFile(t, s.local, joinLines(append(append([][]byte{}, s.lines...), extra)))
+				mirrortest.WriteFile(t, s.local, mirrortest.JoinLines(append(append([][]byte{}, s.lines...), extra)))
 			},
 			want: []string{"holds what the mirror lacks", "line 9 (entry e0000008)", "--force does not override"}},
 		{name: "local file with a torn tail", input: "missing_middle", opts: Options{Force: true},
 			prepare: func(t *testing.T, s *setup) {
-				writeFile(t, s.local, append(joinLines(s.lines), `{"type":"mess`...))
+				mirrortest.WriteFile(t, s.local, append(mirrortest.JoinLines(s.lines), `{"type":"mess`...))
 			},
 			want: []string{"holds what the mirror lacks", "a torn last line of 13 bytes"}},
 		{name: "head mismatch", input: "missing_middle",
 			prepare: func(t *testing.T, s *setup) { s.head.Head = "e0000003" },
 			want:    []string{`head mismatch`, `"e0000007"`, `"e0000003"`, "--force writes it anyway"}},
 		{name: "digest mismatch", input: "missing_middle",
-			prepare: func(t *testing.T, s *setup) { s.m.msgs[5].SHA256 = digest([]byte("something else")) },
+			prepare: func(t *testing.T, s *setup) { s.m.Msgs[5].SHA256 = mirrortest.Digest([]byte("something else")) },
 			want:    []string{"digest mismatch", "line 6 (ordinal 5)"}},
 		{name: "blob digest mismatch", input: "blob", blobs: 400,
 			prepare: func(t *testing.T, s *setup) {
-				for sha, b := range s.m.blobs {
-					s.m.blobs[sha] = bytes.Replace(b, []byte("x"), []byte("y"), 1)
+				for sha, b := range s.m.Blobs {
+					s.m.Blobs[sha] = bytes.Replace(b, []byte("x"), []byte("y"), 1)
 					break
 				}
 			},
@@ -71,16 +72,16 @@ func TestRecoverRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tm := newTestMirror(t)
 			base := t.TempDir()
-			s := &setup{lines: readLines(t, goldenInput(tc.input)), root: filepath.Join(base, "sessions")}
-			s.m = mirrorFile(t, s.lines, 1, tc.blobs)
-			s.head = daemonHead(s.lines, s.m, 1)
+			s := &setup{lines: mirrortest.ReadLines(t, goldenInput(tc.input)), root: filepath.Join(base, "sessions")}
+			s.m = mirrortest.MirrorFile(t, s.lines, 1, tc.blobs)
+			s.head = mirrortest.DaemonHead(s.lines, s.m, 1)
 			s.head.Root = s.root
 			s.local = filepath.Join(s.root, filepath.FromSlash(s.head.Source))
 			tc.prepare(t, s)
-			tm.publish(t, s.m, s.m.msgs, &s.head)
+			tm.Publish(t, s.m, s.m.Msgs, &s.head)
 			before := snapshot(t, base)
 
-			rep := New(tm.r, tc.opts).One(testCtx(t), s.m.conv)
+			rep := New(tm.Reader, tc.opts).One(mirrortest.Ctx(t), s.m.Conv)
 			if rep.Result != Refused {
 				t.Fatalf("result %s (%s), want refused", rep.Result, rep.Reason)
 			}
@@ -104,26 +105,16 @@ func keys(m map[string]string) []string {
 	return out
 }
 
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestRecoverOutcomes covers the outcomes that are not refusals: forced overwrite,
 // unchanged, dry run, not found, and the modes of what is written.
 func TestRecoverOutcomes(t *testing.T) {
 	tm := newTestMirror(t)
 	root := filepath.Join(t.TempDir(), "new", "sessions")
-	lines, m, head := tm.mirrorInput(t, filepath.Join("testdata", "golden", "complete", "input.jsonl"), 1, 0, root)
-	ctx := testCtx(t)
+	lines, m, head := tm.MirrorInput(t, filepath.Join("testdata", "golden", "complete", "input.jsonl"), 1, 0, root)
+	ctx := mirrortest.Ctx(t)
 	path := filepath.Join(root, filepath.FromSlash(head.Source))
 
-	rep := New(tm.r, Options{DryRun: true}).One(ctx, m.conv)
+	rep := New(tm.Reader, Options{DryRun: true}).One(ctx, m.Conv)
 	if rep.Result != DryRun || rep.Output != path {
 		t.Fatalf("dry run: %s %s: %s", rep.Result, rep.Output, rep.Reason)
 	}
@@ -131,7 +122,7 @@ func TestRecoverOutcomes(t *testing.T) {
 		t.Fatalf("the dry run created %s", filepath.Dir(root))
 	}
 
-	rep = New(tm.r, Options{}).One(ctx, m.conv)
+	rep = New(tm.Reader, Options{}).One(ctx, m.Conv)
 	if rep.Result != Written {
 		t.Fatalf("%s: %s", rep.Result, rep.Reason)
 	}
@@ -145,17 +136,17 @@ func TestRecoverOutcomes(t *testing.T) {
 		}
 	}
 
-	rep = New(tm.r, Options{}).One(ctx, m.conv)
+	rep = New(tm.Reader, Options{}).One(ctx, m.Conv)
 	if rep.Result != Unchanged {
 		t.Fatalf("second run: %s: %s", rep.Result, rep.Reason)
 	}
 
-	writeFile(t, path, joinLines(lines[:3])) // an older, shorter copy: every line is mirrored
-	rep = New(tm.r, Options{Force: true}).One(ctx, m.conv)
+	mirrortest.WriteFile(t, path, mirrortest.JoinLines(lines[:3])) // an older, shorter copy: every line is mirrored
+	rep = New(tm.Reader, Options{Force: true}).One(ctx, m.Conv)
 	if rep.Result != Written || !rep.Forced {
 		t.Fatalf("forced: %s (forced %v): %s", rep.Result, rep.Forced, rep.Reason)
 	}
-	if got, _ := os.ReadFile(path); !bytes.Equal(got, joinLines(lines)) {
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, mirrortest.JoinLines(lines)) {
 		t.Fatal("forced overwrite: not the mirrored file")
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
@@ -164,7 +155,7 @@ func TestRecoverOutcomes(t *testing.T) {
 	}
 
 	for _, key := range []string{"no-such-conversation"} {
-		rep := New(tm.r, Options{}).One(ctx, key)
+		rep := New(tm.Reader, Options{}).One(ctx, key)
 		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
 			t.Errorf("%s: %s %s", key, rep.Result, rep.Reason)
 		}
@@ -174,25 +165,25 @@ func TestRecoverOutcomes(t *testing.T) {
 // TestRecoverIsolation: a conversation of another owner is "not found", never listed.
 func TestRecoverIsolation(t *testing.T) {
 	alice := newTestMirror(t)
-	lines := readLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
-	m := mirrorFile(t, lines, 1, 0)
-	head := daemonHead(lines, m, 1)
-	alice.publish(t, m, m.msgs, &head)
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	head := mirrortest.DaemonHead(lines, m, 1)
+	alice.Publish(t, m, m.Msgs, &head)
 
-	url := alice.js.Conn().ConnectedUrl()
+	url := alice.JS.Conn().ConnectedUrl()
 	for _, other := range [][2]string{{"t1", "bob"}, {"t2", "alice"}} {
-		tm := mirrorFor(t, url, other[0], other[1])
-		rep := New(tm.r, Options{Out: t.TempDir()}).One(testCtx(t), m.conv)
+		tm := mirrortest.For(t, url, other[0], other[1])
+		rep := New(tm.Reader, Options{Out: t.TempDir()}).One(mirrortest.Ctx(t), m.Conv)
 		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
 			t.Errorf("%v: %s %s", other, rep.Result, rep.Reason)
 		}
-		sel, err := Select(testCtx(t), tm.r, nil, true)
+		sel, err := Select(mirrortest.Ctx(t), tm.Reader, nil, true)
 		if err != nil || len(sel.Keys) != 0 {
 			t.Errorf("%v sees %v (%v)", other, sel.Keys, err)
 		}
 	}
-	sel, err := Select(testCtx(t), alice.r, nil, true)
-	if err != nil || len(sel.Keys) != 1 || sel.Keys[0] != m.conv {
+	sel, err := Select(mirrortest.Ctx(t), alice.Reader, nil, true)
+	if err != nil || len(sel.Keys) != 1 || sel.Keys[0] != m.Conv {
 		t.Errorf("alice sees %v (%v)", sel.Keys, err)
 	}
 }
@@ -201,23 +192,23 @@ func TestRecoverIsolation(t *testing.T) {
 // directory refuses, and a symbolic link in the tree cannot lead a write out of it.
 func TestRecoverOutConfinement(t *testing.T) {
 	tm := newTestMirror(t)
-	lines := readLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
 	lines[0] = bytes.Replace(lines[0], []byte(`"id":"0192f0a4-5e1c-7a3b-9c2d-000000000003"`), []byte(`"id":"x/../../../escape"`), 1)
-	m := mirrorFile(t, lines, 1, 0)
-	head := daemonHead(lines, m, 1)
-	tm.publish(t, m, m.msgs, &head)
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	head := mirrortest.DaemonHead(lines, m, 1)
+	tm.Publish(t, m, m.Msgs, &head)
 	base := t.TempDir()
 	out := filepath.Join(base, "out")
-	rep := New(tm.r, Options{Out: out}).One(testCtx(t), m.conv)
+	rep := New(tm.Reader, Options{Out: out}).One(mirrortest.Ctx(t), m.Conv)
 	if rep.Result != Refused || !strings.Contains(rep.Reason, "unsafe output path") {
 		t.Fatalf("%s: %s", rep.Result, rep.Reason)
 	}
 
 	// A symbolic link where the session directory goes, pointing outside.
-	lines2 := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
-	m2 := mirrorFile(t, lines2, 1, 0)
-	head2 := daemonHead(lines2, m2, 1)
-	tm.publish(t, m2, m2.msgs, &head2)
+	lines2 := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
+	m2 := mirrortest.MirrorFile(t, lines2, 1, 0)
+	head2 := mirrortest.DaemonHead(lines2, m2, 1)
+	tm.Publish(t, m2, m2.Msgs, &head2)
 	outside := filepath.Join(base, "outside")
 	if err := os.MkdirAll(outside, 0o700); err != nil {
 		t.Fatal(err)
@@ -228,7 +219,7 @@ func TestRecoverOutConfinement(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(out, "--home-dev-alpha--")); err != nil {
 		t.Fatal(err)
 	}
-	rep = New(tm.r, Options{Out: out}).One(testCtx(t), m2.conv)
+	rep = New(tm.Reader, Options{Out: out}).One(mirrortest.Ctx(t), m2.Conv)
 	if rep.Result.OK() {
 		t.Fatalf("written through a symbolic link leading out: %s", rep.Output)
 	}

@@ -8,8 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 )
 
 // countingMirror counts how the recovery reads a real mirror.
@@ -53,20 +54,20 @@ func TestRunStreamed(t *testing.T) {
 			t.Cleanup(func() { streamBudget = saved })
 
 			srv := natstest.Run(t)
-			tm := mirrorFor(t, srv.URL(), "t1", "alice")
-			other := mirrorFor(t, srv.URL(), "t1", "bob")
-			ctx := testCtx(t)
+			tm := mirrortest.For(t, srv.URL(), "t1", "alice")
+			other := mirrortest.For(t, srv.URL(), "t1", "bob")
+			ctx := mirrortest.Ctx(t)
 			type conv struct {
-				m    mirrored
+				m    mirrortest.Mirrored
 				msgs []mirror.Msg
 				head mirror.Head
 			}
 			var convs []conv
 			add := func(path string, gen int, drop ...int64) {
-				lines := readLines(t, path)
-				m := mirrorFile(t, lines, gen, 400)
-				head := daemonHead(lines, m, gen)
-				convs = append(convs, conv{m, without(m.msgs, drop), head})
+				lines := mirrortest.ReadLines(t, path)
+				m := mirrortest.MirrorFile(t, lines, gen, 400)
+				head := mirrortest.DaemonHead(lines, m, gen)
+				convs = append(convs, conv{m, mirrortest.Without(m.Msgs, drop), head})
 			}
 			golden := filepath.Join("testdata", "golden")
 			add(filepath.Join(golden, "complete", "input.jsonl"), 1)
@@ -85,9 +86,9 @@ func TestRunStreamed(t *testing.T) {
 				for _, c := range convs {
 					if n < len(c.msgs) {
 						any = true
-						tm.publish(t, c.m, c.msgs[n:n+1], nil)
+						tm.Publish(t, c.m, c.msgs[n:n+1], nil)
 						if n == 0 {
-							other.publish(t, c.m, c.msgs[:1], nil)
+							other.Publish(t, c.m, c.msgs[:1], nil)
 						}
 					}
 				}
@@ -99,10 +100,10 @@ func TestRunStreamed(t *testing.T) {
 			// it): --all finds it by its messages.
 			for _, c := range convs[1:] {
 				head := c.head
-				tm.publish(t, c.m, nil, &head)
+				tm.Publish(t, c.m, nil, &head)
 			}
 
-			sel, err := Select(ctx, tm.r, nil, true)
+			sel, err := Select(ctx, tm.Reader, nil, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -110,7 +111,7 @@ func TestRunStreamed(t *testing.T) {
 			if len(keys) != 8 {
 				t.Fatalf("%d conversations, want 8", len(keys))
 			}
-			cm := &countingMirror{Mirror: tm.r}
+			cm := &countingMirror{Mirror: tm.Reader}
 			outRun, outOne := t.TempDir(), t.TempDir()
 			var done atomic.Int32
 			reps := New(cm, Options{Out: outRun, Parallel: 2, Generation: tc.generation,
@@ -129,7 +130,7 @@ func TestRunStreamed(t *testing.T) {
 				t.Errorf("OnDone called %d times, want %d", done.Load(), len(keys))
 			}
 
-			one := New(tm.r, Options{Out: outOne, Generation: tc.generation})
+			one := New(tm.Reader, Options{Out: outOne, Generation: tc.generation})
 			written := 0
 			for i, key := range keys {
 				want := one.One(ctx, key)

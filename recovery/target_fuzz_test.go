@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/session"
 )
 
@@ -70,7 +71,7 @@ func FuzzTarget(f *testing.F) {
 			t.Fatalf("--out: %q is not <session directory>/<file>", tg.rel)
 		}
 		line := []byte(`{"type":"session","id":"x"}`)
-		plan := &Plan{Lines: []OutLine{{Data: line, SHA256: digest(line), Size: int64(len(line))}}}
+		plan := &Plan{Lines: []OutLine{{Data: line, SHA256: mirrortest.Digest(line), Size: int64(len(line))}}}
 		werr := writeAtomic(context.Background(), nil, tg, plan)
 		leaked := ""
 		_ = filepath.WalkDir(base, func(path string, d fs.DirEntry, err error) error {
@@ -155,12 +156,12 @@ func TestTargetRefusals(t *testing.T) {
 // that stays inside the tree is followed.
 func TestTargetSymlinks(t *testing.T) {
 	tm := newTestMirror(t)
-	lines := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
-	m := mirrorFile(t, lines, 1, 0)
-	head := daemonHead(lines, m, 1)
-	tm.publish(t, m, m.msgs, &head)
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	head := mirrortest.DaemonHead(lines, m, 1)
+	tm.Publish(t, m, m.Msgs, &head)
 	dir := session.DirName("/home/dev/alpha")
-	name := filepath.Base(m.source)
+	name := filepath.Base(m.Source)
 	for _, tc := range []struct {
 		name   string
 		plant  func(t *testing.T, out, outside string)
@@ -195,7 +196,7 @@ func TestTargetSymlinks(t *testing.T) {
 			mkdir(t, outside)
 			tc.plant(t, out, outside)
 			before := snapshot(t, outside)
-			rep := New(tm.r, Options{Out: out, Force: true}).One(testCtx(t), m.conv)
+			rep := New(tm.Reader, Options{Out: out, Force: true}).One(mirrortest.Ctx(t), m.Conv)
 			if after := snapshot(t, outside); !sameSnapshot(before, after) {
 				t.Fatalf("%s: written outside --out: %v → %v", rep.Result, keys(before), keys(after))
 			}
@@ -204,7 +205,7 @@ func TestTargetSymlinks(t *testing.T) {
 			}
 			if tc.inside {
 				got, err := os.ReadFile(filepath.Join(out, "real", name))
-				if rep.Result != Written || err != nil || string(got) != string(joinLines(lines)) {
+				if rep.Result != Written || err != nil || string(got) != string(mirrortest.JoinLines(lines)) {
 					t.Fatalf("%s (%s): %v", rep.Result, rep.Reason, err)
 				}
 			}

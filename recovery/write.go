@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/pisync/pisync/session"
 )
 
 // Blobs opens blob payloads by digest; *mirror.Reader implements it.
@@ -48,16 +50,16 @@ func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]boo
 	held := heldFn()
 	e := existing{exists: true, identical: true}
 	var n int64
-	torn, err := localLines(f, func(l localLine) error {
+	torn, err := session.ReadLines(f, func(l session.DigestedLine) error {
 		n++
-		if l.ordinal >= int64(len(plan.Lines)) || plan.Lines[l.ordinal].SHA256 != l.sha {
+		if l.Ordinal >= int64(len(plan.Lines)) || plan.Lines[l.Ordinal].SHA256 != l.SHA256 {
 			e.identical = false
 		}
-		if !held[l.sha] {
+		if !held[l.SHA256] {
 			e.nLacking++
 			if len(e.lacking) < maxListed {
-				desc := fmt.Sprintf("line %d", l.ordinal+1)
-				if id := l.entryID(); id != "" {
+				desc := fmt.Sprintf("line %d", l.Ordinal+1)
+				if id := l.EntryID(); id != "" {
 					desc += " (entry " + id + ")"
 				}
 				e.lacking = append(e.lacking, desc)

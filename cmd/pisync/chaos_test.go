@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 var (

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 )
 
 // TestClusterLeaderLoss runs against a 3-node cluster with an R3 stream and kills the

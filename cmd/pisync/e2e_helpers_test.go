@@ -21,9 +21,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // startTestDaemon runs the daemon in-process with the given command-line flags.

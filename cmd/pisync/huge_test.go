@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // procKB reads a "VmHWM:"-style field of /proc/<pid>/status, in KiB.

@@ -23,10 +23,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/session/sessiontest"
+	"github.com/pisync/pisync/verify"
 )
 
 // accountsDir holds the accounts layouts of the deployment kit.
@@ -242,7 +243,7 @@ func testIsolationAccounts(t *testing.T, layout string) {
 		if err != nil {
 			t.Fatalf("status: %v\n%s", err, stderr.String())
 		}
-		var st recovery.StatusReport
+		var st verify.StatusReport
 		if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
 			t.Fatal(err)
 		}

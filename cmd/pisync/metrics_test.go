@@ -15,8 +15,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/session/sessiontest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 )
 
 // exportedMetricsFile is the golden list of the metric families the daemon exports. The

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/session/sessiontest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 )
 
 var outageFor = flag.Duration("outage", 2*time.Minute, "length of the long NATS outage test")

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/natstest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // treeOf maps each session file under root (relative path) to its content.

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natstest"
 	"github.com/pisync/pisync/session"
-	"github.com/pisync/pisync/session/sessiontest"
 )
 
 // metricValue sums the samples of a metric family whose labels include want.

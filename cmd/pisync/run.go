@@ -20,7 +20,7 @@ import (
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/publisher"
-	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/verify"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -252,7 +252,7 @@ func absRoots(roots []string) []string {
 
 // startVerifier runs background verification of the mirrored files.
 func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner mirror.Owner) error {
-	vm := recovery.NewVerifyMetrics()
+	vm := verify.NewVerifyMetrics()
 	if err := vm.Register(d.reg); err != nil {
 		return err
 	}
@@ -264,20 +264,20 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 		cancel()
 		return err
 	}
-	bg := &recovery.Background{
+	bg := &verify.Background{
 		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
 		Logger: d.log.Named("verify"), Metrics: vm,
-		List: func() []recovery.Target {
+		List: func() []verify.Target {
 			// Wait for the first scan: before it, most files would look unmirrored.
 			select {
 			case <-d.watch.Ready():
 			case <-ctx.Done():
 				return nil
 			}
-			var ts []recovery.Target
+			var ts []verify.Target
 			for _, f := range d.pub.Files() {
 				if f.Synced {
-					ts = append(ts, recovery.Target{Root: f.Root, Path: f.Path, Key: f.Key})
+					ts = append(ts, verify.Target{Root: f.Root, Path: f.Path, Key: f.Key})
 				}
 			}
 			return ts

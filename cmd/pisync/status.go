@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/verify"
 )
 
 // surveyFlags are the flags of status and verify: how to reach the mirror, and which
@@ -48,11 +48,11 @@ func StatusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer closeMirror()
-	pairs, heads, err := recovery.Survey(ctx, m, f.roots.get(), f.host)
+	pairs, heads, err := verify.Survey(ctx, m, f.roots.get(), f.host)
 	if err != nil {
 		return err
 	}
-	rep := recovery.Status(pairs, heads, owner, f.host, time.Now().UTC())
+	rep := verify.Status(pairs, heads, owner, f.host, time.Now().UTC())
 	if f.jsonOut {
 		return writeJSON(stdout, rep)
 	}
@@ -61,7 +61,7 @@ func StatusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 // printStatus writes the status table and the totals.
-func printStatus(w io.Writer, rep recovery.StatusReport) {
+func printStatus(w io.Writer, rep verify.StatusReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STATE\tGEN\tMIRRORED\tLOCAL\t%\tLAG\tSESSION\tDETAIL")
 	for _, s := range rep.Sessions {
@@ -75,7 +75,7 @@ func printStatus(w io.Writer, rep recovery.StatusReport) {
 	_ = tw.Flush()
 	t := rep.Local
 	var states []string
-	for _, st := range recovery.States {
+	for _, st := range verify.States {
 		if n := t.States[st]; n > 0 {
 			states = append(states, fmt.Sprintf("%d %s", n, st))
 		}

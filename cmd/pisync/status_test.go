@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/natstest"
-	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/session/sessiontest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/verify"
 )
 
 // TestStatusAndVerifyStates mirrors a tree with the daemon, stops it, then leaves one
@@ -73,15 +73,15 @@ func TestStatusAndVerifyStates(t *testing.T) {
 		if err := StatusCommand(ctx, append(args, "--json"), &stdout, &stderr); err != nil {
 			t.Fatalf("%v\n%s", err, stderr.String())
 		}
-		var rep recovery.StatusReport
+		var rep verify.StatusReport
 		if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 			t.Fatalf("%v\n%s", err, stdout.String())
 		}
-		want := map[string]recovery.State{
-			synced.Path: recovery.StateSynced, pending.Path: recovery.StatePending, torn.Path: recovery.StateTorn,
-			deleted.Path: recovery.StateMissing, drifted.Path: recovery.StateError, fresh.Path: recovery.StateNotMirrored,
+		want := map[string]verify.State{
+			synced.Path: verify.StateSynced, pending.Path: verify.StatePending, torn.Path: verify.StateTorn,
+			deleted.Path: verify.StateMissing, drifted.Path: verify.StateError, fresh.Path: verify.StateNotMirrored,
 		}
-		got := map[string]recovery.State{}
+		got := map[string]verify.State{}
 		for _, s := range rep.Sessions {
 			got[s.Path] = s.State
 			if s.Path == synced.Path && (s.Percent != 100 || s.Generation != 1 || s.MirroredBytes != int64(len(synced.Content()))) {
@@ -129,20 +129,20 @@ func TestStatusAndVerifyStates(t *testing.T) {
 		for _, f := range doc.Files {
 			got[f.Path] = f
 		}
-		check := func(path, result string, ok func(*recovery.Drift) bool) {
+		check := func(path, result string, ok func(*verify.Drift) bool) {
 			t.Helper()
 			f := got[path]
 			if f.Result != result || (ok != nil && (f.Drift == nil || !ok(f.Drift))) {
 				t.Errorf("%s: %+v %+v, want %s", filepath.Base(path), f, f.Drift, result)
 			}
 		}
-		check(synced.Path, verifyOK, func(d *recovery.Drift) bool { return d.PendingLines == 0 && d.LocalLines == int64(len(synced.Lines)) })
-		check(pending.Path, verifyOK, func(d *recovery.Drift) bool { return d.PendingLines == 1 })
-		check(torn.Path, verifyOK, func(d *recovery.Drift) bool { return d.TornBytes > 0 })
+		check(synced.Path, verifyOK, func(d *verify.Drift) bool { return d.PendingLines == 0 && d.LocalLines == int64(len(synced.Lines)) })
+		check(pending.Path, verifyOK, func(d *verify.Drift) bool { return d.PendingLines == 1 })
+		check(torn.Path, verifyOK, func(d *verify.Drift) bool { return d.TornBytes > 0 })
 		check(deleted.Path, verifyMissing, nil)
 		check(fresh.Path, verifyNotMirrored, nil)
-		check(drifted.Path, verifyDrift, func(d *recovery.Drift) bool {
-			return len(d.Items) == 1 && d.Items[0].Kind == recovery.DriftChanged && d.Items[0].Line == 4
+		check(drifted.Path, verifyDrift, func(d *verify.Drift) bool {
+			return len(d.Items) == 1 && d.Items[0].Kind == verify.DriftChanged && d.Items[0].Line == 4
 		})
 
 		stdout.Reset()

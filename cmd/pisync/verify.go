@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/verify"
 )
 
 // The outcomes of verify for one file.
@@ -22,10 +23,10 @@ const (
 
 // verifyFile is the outcome of one file in verify's output.
 type verifyFile struct {
-	Path   string          `json:"path"`
-	Result string          `json:"result"`
-	Error  string          `json:"error,omitempty"`
-	Drift  *recovery.Drift `json:"drift,omitempty"`
+	Path   string        `json:"path"`
+	Result string        `json:"result"`
+	Error  string        `json:"error,omitempty"`
+	Drift  *verify.Drift `json:"drift,omitempty"`
 }
 
 // verifyDoc is verify's --json output.
@@ -50,7 +51,7 @@ func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer closeMirror()
-	pairs, _, err := recovery.Survey(ctx, m, f.roots.get(), f.host)
+	pairs, _, err := verify.Survey(ctx, m, f.roots.get(), f.host)
 	if err != nil {
 		return err
 	}
@@ -80,7 +81,7 @@ func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return nil
 }
 
-func verifyOne(ctx context.Context, m recovery.Mirror, p recovery.Pair) verifyFile {
+func verifyOne(ctx context.Context, m recovery.Mirror, p verify.Pair) verifyFile {
 	switch {
 	case p.File == nil:
 		return verifyFile{Path: filepath.Join(p.Head.Root, filepath.FromSlash(p.Head.Source)), Result: verifyMissing}
@@ -89,7 +90,7 @@ func verifyOne(ctx context.Context, m recovery.Mirror, p recovery.Pair) verifyFi
 	case p.Head == nil:
 		return verifyFile{Path: p.File.Path, Result: verifyNotMirrored}
 	}
-	d, err := recovery.Verify(ctx, m, p.File.Path, *p.Head)
+	d, err := verify.Verify(ctx, m, p.File.Path, *p.Head)
 	if err != nil {
 		return verifyFile{Path: p.File.Path, Result: verifyError, Error: err.Error()}
 	}
@@ -113,7 +114,7 @@ func printVerify(w io.Writer, vf verifyFile) {
 			facts = append(facts, fmt.Sprintf("torn tail of %d bytes", d.TornBytes))
 		}
 		if c := d.Counts(); len(c) > 0 {
-			for _, k := range []recovery.DriftKind{recovery.DriftMissing, recovery.DriftExtra, recovery.DriftChanged, recovery.DriftOrder} {
+			for _, k := range []verify.DriftKind{verify.DriftMissing, verify.DriftExtra, verify.DriftChanged, verify.DriftOrder} {
 				if c[k] > 0 {
 					facts = append(facts, fmt.Sprintf("%d %s", c[k], k))
 				}
@@ -131,13 +132,13 @@ func printVerify(w io.Writer, vf verifyFile) {
 	for _, it := range vf.Drift.Items {
 		var where string
 		switch it.Kind {
-		case recovery.DriftMissing:
+		case verify.DriftMissing:
 			where = fmt.Sprintf("mirror line %d is not in the file", it.MirrorLine)
-		case recovery.DriftExtra:
+		case verify.DriftExtra:
 			where = fmt.Sprintf("line %d is not in the mirror", it.Line)
-		case recovery.DriftChanged:
+		case verify.DriftChanged:
 			where = fmt.Sprintf("line %d differs from mirror line %d", it.Line, it.MirrorLine)
-		case recovery.DriftOrder:
+		case verify.DriftOrder:
 			where = fmt.Sprintf("line %d is mirror line %d, out of order", it.Line, it.MirrorLine)
 		}
 		if it.EntryID != "" {

@@ -1,4 +1,4 @@
-package recovery
+package verify
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
 )
 
 // Scanner reads a conversation's messages; *mirror.Reader implements it.
@@ -113,9 +114,9 @@ func Verify(ctx context.Context, m Scanner, path string, head mirror.Head) (Drif
 	type lline struct{ sha, id string }
 	var local []lline
 	inFile := map[string]bool{}
-	d.TornBytes, err = localLines(f, func(l localLine) error {
-		local = append(local, lline{l.sha, l.entryID()})
-		inFile[l.sha] = true
+	d.TornBytes, err = session.ReadLines(f, func(l session.DigestedLine) error {
+		local = append(local, lline{l.SHA256, l.EntryID()})
+		inFile[l.SHA256] = true
 		return nil
 	})
 	f.Close()

@@ -1,4 +1,4 @@
-package recovery
+package session
 
 import (
 	"bufio"
@@ -7,13 +7,11 @@ import (
 	"errors"
 	"io"
 	"io/fs"
-
-	"github.com/pisync/pisync/session"
 )
 
-// prefixKeep is how much of each line localLines keeps to describe it: enough to read
+// LinePrefixKeep is how much of each line ReadLines keeps to describe it: enough to read
 // the envelope of all but the largest lines.
-const prefixKeep = 64 << 10
+const LinePrefixKeep = 64 << 10
 
 // maxReadBuf is the read buffer of a large file: lines longer are hashed in pieces.
 const maxReadBuf = 256 << 10
@@ -30,30 +28,30 @@ func readBufSize(r io.Reader) int {
 	return maxReadBuf
 }
 
-// localLine is one complete line of a local file, digested without holding it whole.
-type localLine struct {
-	ordinal int64
-	sha     string
-	size    int64  // bytes without the newline
-	prefix  []byte // the line itself when size <= prefixKeep, else nil; valid during the call
+// DigestedLine is one complete line of a file, digested without holding it whole.
+type DigestedLine struct {
+	Ordinal int64
+	SHA256  string // hex digest of the line without its newline
+	Size    int64  // bytes without the newline
+	Prefix  []byte // the line itself when Size <= LinePrefixKeep, else nil; valid during the call
 }
 
-// entryID is the line's entry id when it can be read from the kept prefix.
-func (l localLine) entryID() string {
-	if l.prefix == nil {
+// EntryID is the line's entry id when it can be read from the kept prefix.
+func (l DigestedLine) EntryID() string {
+	if l.Prefix == nil {
 		return ""
 	}
-	env, err := session.ScanEntry(l.prefix)
+	env, err := ScanEntry(l.Prefix)
 	if err != nil {
 		return ""
 	}
 	return env.ID
 }
 
-// localLines calls fn for each complete line of r in order and returns the length of a
+// ReadLines calls fn for each complete line of r in order and returns the length of a
 // torn tail (bytes after the last newline). Memory stays bounded whatever the line
 // length: long lines are hashed chunk by chunk.
-func localLines(r io.Reader, fn func(localLine) error) (torn int64, err error) {
+func ReadLines(r io.Reader, fn func(DigestedLine) error) (torn int64, err error) {
 	br := bufio.NewReaderSize(r, readBufSize(r))
 	h := sha256.New()
 	var (
@@ -69,24 +67,24 @@ func localLines(r io.Reader, fn func(localLine) error) (torn int64, err error) {
 			h.Write(body)
 			size += int64(len(body))
 			var prefix []byte
-			if size <= prefixKeep {
+			if size <= LinePrefixKeep {
 				if keep != nil {
 					prefix = append(keep, body...)
 				} else {
 					prefix = body
 				}
 			}
-			if err := fn(localLine{ordinal: ord, sha: hex.EncodeToString(h.Sum(nil)), size: size, prefix: prefix}); err != nil {
+			if err := fn(DigestedLine{Ordinal: ord, SHA256: hex.EncodeToString(h.Sum(nil)), Size: size, Prefix: prefix}); err != nil {
 				return 0, err
 			}
 			h.Reset()
 			ord, size, keep = ord+1, 0, keep[:0]
-			if cap(keep) > prefixKeep {
+			if cap(keep) > LinePrefixKeep {
 				keep = nil
 			}
 		case errors.Is(rerr, bufio.ErrBufferFull), errors.Is(rerr, io.EOF):
 			h.Write(chunk)
-			if size+int64(len(chunk)) <= prefixKeep {
+			if size+int64(len(chunk)) <= LinePrefixKeep {
 				keep = append(keep, chunk...)
 			}
 			size += int64(len(chunk))

@@ -1,4 +1,4 @@
-package recovery
+package verify
 
 import (
 	"errors"
@@ -9,20 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 
 // TestVerify compares local files with one mirrored conversation and checks each kind of
 // drift, and that what is only pending or torn is not drift.
 func TestVerify(t *testing.T) {
-	tm := newTestMirror(t)
-	lines := readLines(t, filepath.Join("testdata", "golden", "missing_middle", "input.jsonl"))
-	m := mirrorFile(t, lines, 1, 400)
-	head := daemonHead(lines, m, 1)
-	tm.publish(t, m, m.msgs, &head)
+	tm := mirrortest.New(t)
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "sessions", "missing_middle", "input.jsonl"))
+	m := mirrortest.MirrorFile(t, lines, 1, 400)
+	head := mirrortest.DaemonHead(lines, m, 1)
+	tm.Publish(t, m, m.Msgs, &head)
 	newLine := []byte(`{"type":"message","id":"e00000aa","parentId":"e0000007","timestamp":"2026-11-01T09:00:09.000Z","message":{"role":"user","content":[]}}`)
 	edit := func(f func(ls [][]byte) [][]byte) []byte {
-		return joinLines(f(append([][]byte(nil), lines...)))
+		return mirrortest.JoinLines(f(append([][]byte(nil), lines...)))
 	}
 	cases := []struct {
 		name    string
@@ -31,9 +32,9 @@ func TestVerify(t *testing.T) {
 		pending int64
 		torn    int64
 	}{
-		{name: "identical", content: joinLines(lines)},
+		{name: "identical", content: mirrortest.JoinLines(lines)},
 		{name: "pending line", content: edit(func(ls [][]byte) [][]byte { return append(ls, newLine) }), pending: 1},
-		{name: "torn tail", content: append(joinLines(lines), `{"type":`...), torn: 8},
+		{name: "torn tail", content: append(mirrortest.JoinLines(lines), `{"type":`...), torn: 8},
 		{name: "changed", content: edit(func(ls [][]byte) [][]byte {
 			ls[3] = []byte(strings.Replace(string(ls[3]), "three", "four", 1))
 			return ls
@@ -43,14 +44,14 @@ func TestVerify(t *testing.T) {
 			return append(ls[:3], append([][]byte{newLine}, ls[3:]...)...)
 		}), want: "extra@4/0"},
 		{name: "swapped", content: edit(func(ls [][]byte) [][]byte { ls[5], ls[6] = ls[6], ls[5]; return ls }), want: "order@7/6"},
-		{name: "truncated", content: joinLines(lines[:6]), want: "missing@0/7,missing@0/8"},
+		{name: "truncated", content: mirrortest.JoinLines(lines[:6]), want: "missing@0/7,missing@0/8"},
 	}
 	dir := t.TempDir()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".jsonl")
-			writeFile(t, path, tc.content)
-			d, err := Verify(testCtx(t), tm.r, path, head)
+			mirrortest.WriteFile(t, path, tc.content)
+			d, err := Verify(mirrortest.Ctx(t), tm.Reader, path, head)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,13 +68,13 @@ func TestVerify(t *testing.T) {
 	}
 
 	t.Run("hole in the mirror", func(t *testing.T) {
-		lines := readLines(t, filepath.Join("testdata", "golden", "missing_first", "input.jsonl"))
-		m := mirrorFile(t, lines, 1, 0)
-		head := daemonHead(lines, m, 1)
-		tm.publish(t, m, without(m.msgs, []int64{4}), &head)
+		lines := mirrortest.ReadLines(t, filepath.Join("testdata", "sessions", "missing_first", "input.jsonl"))
+		m := mirrortest.MirrorFile(t, lines, 1, 0)
+		head := mirrortest.DaemonHead(lines, m, 1)
+		tm.Publish(t, m, mirrortest.Without(m.Msgs, []int64{4}), &head)
 		path := filepath.Join(dir, "hole.jsonl")
-		writeFile(t, path, joinLines(lines))
-		d, err := Verify(testCtx(t), tm.r, path, head)
+		mirrortest.WriteFile(t, path, mirrortest.JoinLines(lines))
+		d, err := Verify(mirrortest.Ctx(t), tm.Reader, path, head)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +83,7 @@ func TestVerify(t *testing.T) {
 		}
 	})
 	t.Run("not mirrored", func(t *testing.T) {
-		_, err := Verify(testCtx(t), tm.r, filepath.Join(dir, "identical.jsonl"), mirror.Head{Key: "nobody"})
+		_, err := Verify(mirrortest.Ctx(t), tm.Reader, filepath.Join(dir, "identical.jsonl"), mirror.Head{Key: "nobody"})
 		if !errors.Is(err, mirror.ErrNotFound) {
 			t.Errorf("error %v, want not found", err)
 		}
@@ -145,13 +146,13 @@ func TestStatusStates(t *testing.T) {
 // TestSurvey pairs local files with heads: by host, root and path; by conversation id
 // for a file recorded elsewhere; and heads whose file is gone.
 func TestSurvey(t *testing.T) {
-	tm := newTestMirror(t)
+	tm := mirrortest.New(t)
 	root := t.TempDir()
 	var heads []mirror.Head
 	for _, name := range []string{"missing_middle", "missing_first", "three_consecutive_missing", "v1"} {
-		lines := readLines(t, filepath.Join("testdata", "golden", name, "input.jsonl"))
-		m := mirrorFile(t, lines, 1, 0)
-		h := daemonHead(lines, m, 1)
+		lines := mirrortest.ReadLines(t, filepath.Join("testdata", "sessions", name, "input.jsonl"))
+		m := mirrortest.MirrorFile(t, lines, 1, 0)
+		h := mirrortest.DaemonHead(lines, m, 1)
 		h.Root = root
 		switch name {
 		case "missing_first":
@@ -159,16 +160,16 @@ func TestSurvey(t *testing.T) {
 		case "three_consecutive_missing":
 			h.Host = "otherhost"
 		}
-		tm.publish(t, m, m.msgs, &h)
+		tm.Publish(t, m, m.Msgs, &h)
 		heads = append(heads, h)
 		if name != "v1" { // v1 is deleted locally
-			writeFile(t, filepath.Join(root, filepath.FromSlash(m.source)), joinLines(lines))
+			mirrortest.WriteFile(t, filepath.Join(root, filepath.FromSlash(m.Source)), mirrortest.JoinLines(lines))
 		}
 	}
-	writeFile(t, filepath.Join(root, "notes.jsonl"), []byte("{\"hello\":1}\n")) // not a session
-	writeFile(t, filepath.Join(root, "--new--", "fresh.jsonl"), []byte(`{"type":"session","version":3,"id":"fresh","timestamp":"t","cwd":"/new"}`+"\n"))
+	mirrortest.WriteFile(t, filepath.Join(root, "notes.jsonl"), []byte("{\"hello\":1}\n")) // not a session
+	mirrortest.WriteFile(t, filepath.Join(root, "--new--", "fresh.jsonl"), []byte(`{"type":"session","version":3,"id":"fresh","timestamp":"t","cwd":"/new"}`+"\n"))
 
-	pairs, all, err := Survey(testCtx(t), tm.r, []string{root}, "testhost")
+	pairs, all, err := Survey(mirrortest.Ctx(t), tm.Reader, []string{root}, "testhost")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package recovery
+package verify
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 
@@ -29,28 +30,28 @@ func (s *scanCounter) Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanO
 // and any file last read longer than Recheck ago, and still count every file verified. A
 // file found drifted is read again on every pass.
 func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
-	tm := newTestMirror(t)
-	ctx := testCtx(t)
+	tm := mirrortest.New(t)
+	ctx := mirrortest.Ctx(t)
 	dir := t.TempDir()
-	golden := filepath.Join("testdata", "golden")
+	golden := filepath.Join("testdata", "sessions")
 	type file struct {
 		path  string
 		lines [][]byte
-		m     mirrored
+		m     mirrortest.Mirrored
 	}
 	var files []file
 	var targets []Target
 	for _, name := range []string{"complete", "missing_middle", "two_children_missing_parent"} {
-		lines := readLines(t, filepath.Join(golden, name, "input.jsonl"))
-		m := mirrorFile(t, lines, 1, 0)
-		head := daemonHead(lines, m, 1)
-		tm.publish(t, m, m.msgs, &head)
+		lines := mirrortest.ReadLines(t, filepath.Join(golden, name, "input.jsonl"))
+		m := mirrortest.MirrorFile(t, lines, 1, 0)
+		head := mirrortest.DaemonHead(lines, m, 1)
+		tm.Publish(t, m, m.Msgs, &head)
 		path := filepath.Join(dir, name+".jsonl")
-		writeFile(t, path, joinLines(lines))
+		mirrortest.WriteFile(t, path, mirrortest.JoinLines(lines))
 		files = append(files, file{path, lines, m})
-		targets = append(targets, Target{Root: dir, Path: path, Key: m.conv})
+		targets = append(targets, Target{Root: dir, Path: path, Key: m.Conv})
 	}
-	sc := &scanCounter{BackgroundMirror: tm.r.(*mirror.Reader)}
+	sc := &scanCounter{BackgroundMirror: tm.Reader}
 	metrics := NewVerifyMetrics()
 	reg := prometheus.NewRegistry()
 	if err := metrics.Register(reg); err != nil {
@@ -79,21 +80,21 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 
 	// A line appended to a file (pending, not drift) has it read again.
 	newLine := []byte(`{"type":"message","id":"e00000aa","parentId":"e0000007","timestamp":"2026-11-01T09:00:09.000Z","message":{"role":"user","content":[]}}`)
-	writeFile(t, files[0].path, joinLines(append(append([][]byte(nil), files[0].lines...), newLine)))
+	mirrortest.WriteFile(t, files[0].path, mirrortest.JoinLines(append(append([][]byte(nil), files[0].lines...), newLine)))
 	pass(1, 3, 0)
 	pass(0, 3, 0)
 
 	// A message more in the mirror (a line the file lacks) has it read again: a drift,
 	// found again on every pass.
-	more := mirrorFile(t, append(append([][]byte(nil), files[1].lines...), newLine), 1, 0)
-	tm.publish(t, more, more.msgs[len(more.msgs)-1:], nil)
+	more := mirrortest.MirrorFile(t, append(append([][]byte(nil), files[1].lines...), newLine), 1, 0)
+	tm.Publish(t, more, more.Msgs[len(more.Msgs)-1:], nil)
 	pass(1, 2, 1)
 	pass(1, 2, 1)
 
 	// A file changed behind the daemon's back: a drift too.
 	lines := append([][]byte(nil), files[2].lines...)
 	lines = lines[:len(lines)-1]
-	writeFile(t, files[2].path, joinLines(lines))
+	mirrortest.WriteFile(t, files[2].path, mirrortest.JoinLines(lines))
 	pass(2, 1, 2)
 	pass(2, 1, 2)
 

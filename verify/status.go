@@ -1,4 +1,4 @@
-package recovery
+package verify
 
 import (
 	"fmt"
