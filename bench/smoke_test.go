@@ -45,6 +45,12 @@ func TestSmoke(t *testing.T) {
 		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))
 		runDaemonBackfill(t, getWorkload(t, filesSpec(30, 2)))
 	})
+	t.Run("capacity", func(t *testing.T) {
+		r := runCapacity(t, 300, 500, 300, 0)
+		if r.convHot <= 0 || r.headHot <= 0 || r.diskPerEntry <= r.payloadPerEntry {
+			t.Fatalf("%+v", r)
+		}
+	})
 	t.Run("cluster", func(t *testing.T) {
 		if testing.Short() {
 			t.Skip("a 3-node cluster: not in -short")
