@@ -68,8 +68,10 @@ func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
 }
 
 // Counts returns how many messages each conversation of the reader's owner has in the
-// stream, by key, in one request: the server answers from its index of subjects,
-// without reading a message.
+// stream, by key: the server answers from its index of subjects, without reading a
+// message. It is the list of the owner's conversations the commands start from. The
+// server lists at most 100,000 subjects per response; the client asks for the next
+// pages by offset (TestCountsPages).
 func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
 	filter := r.names.OwnerSubjects(r.owner)
 	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
