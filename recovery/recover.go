@@ -237,7 +237,7 @@ type outcome struct {
 // committed is the report once the staged file's commit returned err.
 func (o outcome) committed(err error) Report {
 	if err != nil {
-		o.rep.Result, o.rep.Reason = Failed, err.Error()
+		o.rep.Result, o.rep.Reason = resultOf(err), err.Error()
 	}
 	return o.rep
 }
@@ -296,11 +296,17 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 }
 
 // place checks the target and stages the file unless a check or --dry-run says not to.
+// A file at the target stays open with the staged one, for its commit to check again.
 func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func() map[string]bool) (res Result, forced bool, st *staged, err error) {
 	ex, err := r.inspectTarget(t, plan, held)
 	if err != nil {
-		return Failed, false, nil, err
+		return resultOf(err), false, nil, err
 	}
+	defer func() {
+		if st == nil {
+			ex.close()
+		}
+	}()
 	switch {
 	case ex.nLacking > 0:
 		return Refused, false, nil, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
@@ -320,6 +326,7 @@ func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func()
 	if st, err = stage(ctx, r.m, t, plan); err != nil {
 		return resultOf(err), ex.exists, nil, err
 	}
+	st.old = ex.inspected
 	return Written, ex.exists, st, nil
 }
 
@@ -347,7 +354,7 @@ func (r *Recoverer) claim(path, key string) string {
 
 // resultOf classifies an error: a check that failed refuses, anything else fails.
 func resultOf(err error) Result {
-	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) || errors.Is(err, ErrOutsideRoots) {
+	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) || errors.Is(err, ErrOutsideRoots) || errors.Is(err, ErrTargetChanged) {
 		return Refused
 	}
 	return Failed
