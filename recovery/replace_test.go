@@ -83,7 +83,7 @@ func checkOnly(t *testing.T, dir string, names ...string) {
 	for _, e := range entries {
 		got = append(got, e.Name())
 	}
-	if !sameKeys(got, names) {
+	if !sameSet(got, names) {
 		t.Errorf("%s holds %q, want %q", dir, got, names)
 	}
 }

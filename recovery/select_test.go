@@ -68,7 +68,7 @@ func TestSelectListsFromStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{good.Conv, headless.Conv, bad.Conv, clash.Conv, clashCopy.Conv, onlyHead.Key}
-	if !sameKeys(sel.Keys, want) {
+	if !sameSet(sel.Keys, want) {
 		t.Fatalf("selected %v, want %v", sel.Keys, want)
 	}
 	if len(sel.BadHeads) != 1 || sel.BadHeads[0].Key != badConv.HeadKey() || sel.BadHeads[0].Conversation != bad.Conv ||
@@ -110,27 +110,11 @@ func TestSelectListsFromStream(t *testing.T) {
 
 	// By id: the clash copy without a head comes along.
 	sel, err = Select(ctx, tm.Reader, []string{clash.Conv}, false)
-	if err != nil || !sameKeys(sel.Keys, []string{clash.Conv, clashCopy.Conv}) {
+	if err != nil || !sameSet(sel.Keys, []string{clash.Conv, clashCopy.Conv}) {
 		t.Errorf("by id: %v (%v), want the conversation and its clash copy", sel.Keys, err)
 	}
 
 	if sel, err := Select(ctx, noCounts{tm.Reader}, nil, true); err == nil {
 		t.Errorf("the stream could not be listed, yet Select returned %v", sel.Keys)
 	}
-}
-
-func sameKeys(got, want []string) bool {
-	w := map[string]bool{}
-	for _, k := range want {
-		w[k] = true
-	}
-	if len(got) != len(w) {
-		return false
-	}
-	for _, k := range got {
-		if !w[k] {
-			return false
-		}
-	}
-	return true
 }

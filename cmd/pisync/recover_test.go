@@ -219,14 +219,7 @@ func TestCommandsWithoutHeads(t *testing.T) {
 	survey := append(append([]string{}, conn...), "--root", root)
 
 	t.Run("status", func(t *testing.T) {
-		var stdout, stderr bytes.Buffer
-		if err := StatusCommand(ctx, append(survey, "--json"), &stdout, &stderr); err != nil {
-			t.Fatalf("%v\n%s", err, stderr.String())
-		}
-		var rep verify.StatusReport
-		if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-			t.Fatalf("%v\n%s", err, stdout.String())
-		}
+		rep, stderr := statusJSON(t, ctx, survey)
 		for _, s := range rep.Sessions {
 			want := verify.StateSynced
 			if s.Path == missing.Path || s.Path == bad.Path {
@@ -239,20 +232,15 @@ func TestCommandsWithoutHeads(t *testing.T) {
 		if m := rep.Mirror; len(rep.Sessions) != 4 || m.Conversations != 4 || m.WithoutHead != 2 || m.BadHeads != 1 {
 			t.Errorf("%d sessions; mirror totals %+v", len(rep.Sessions), m)
 		}
-		if !strings.Contains(stderr.String(), headKey(bad)) || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], headKey(bad)) {
-			t.Errorf("the bad head is not named: stderr %q, warnings %q", stderr.String(), rep.Warnings)
+		if !strings.Contains(stderr, headKey(bad)) || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], headKey(bad)) {
+			t.Errorf("the bad head is not named: stderr %q, warnings %q", stderr, rep.Warnings)
 		}
 	})
 
 	t.Run("verify", func(t *testing.T) {
-		var stdout, stderr bytes.Buffer
-		err := VerifyCommand(ctx, append(survey, "--json"), &stdout, &stderr)
+		doc, err := verifyJSON(t, ctx, survey)
 		if !errors.Is(err, errSilent) {
 			t.Fatalf("verify with a head that does not decode: %v, want a failure", err)
-		}
-		var doc verifyDoc
-		if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil {
-			t.Fatalf("%v\n%s", err, stdout.String())
 		}
 		for _, f := range doc.Files {
 			if f.Result != verifyOK || ((f.Path == missing.Path || f.Path == bad.Path) != (f.Key != "")) {
