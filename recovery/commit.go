@@ -6,7 +6,8 @@ import (
 )
 
 // maxCommitBatch bounds the files a run holds staged: each keeps two descriptors open
-// (the file and its root) until it is committed.
+// (the file and its root), three when it replaces a file (that one too), until it is
+// committed.
 const maxCommitBatch = 32
 
 // commitBatch makes staged files durable and puts them in place: for each, fsync, rename
