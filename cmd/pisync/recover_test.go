@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -257,6 +258,38 @@ func TestCommandsWithoutHeads(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	t.Run("status and verify with the files gone", func(t *testing.T) {
+		rep, _ := statusJSON(t, ctx, survey)
+		var keys []string
+		for _, h := range rep.Headless {
+			keys = append(keys, h.Key)
+		}
+		if fmt.Sprint(keys) != fmt.Sprint(sortedIDs(missing.ID, bad.ID)) || rep.Mirror.Conversations != 4 {
+			t.Errorf("conversations without a head %v, totals %+v", keys, rep.Mirror)
+		}
+		var stdout, stderr bytes.Buffer
+		if err := StatusCommand(ctx, survey, &stdout, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{"2 without a usable head", "conversation " + missing.ID + ": 6 lines in the stream, no usable head (the heads bucket has no head for it)",
+			"conversation " + bad.ID + ": 6 lines in the stream, no usable head (undecodable head"} {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("status lacks %q:\n%s", w, stdout.String())
+			}
+		}
+		doc, _ := verifyJSON(t, ctx, survey)
+		if doc.Summary[verifyNoHead] != 2 || doc.Summary[verifyMissing] != 2 {
+			t.Errorf("verify summary %v", doc.Summary)
+		}
+		stdout.Reset()
+		_ = VerifyCommand(ctx, survey, &stdout, &stderr)
+		for _, w := range []string{"no-head       conversation " + missing.ID, "2 conversations without a usable head, 1 heads that do not decode"} {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("verify lacks %q:\n%s", w, stdout.String())
+			}
+		}
+	})
+
 	t.Run("recover into the roots", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		err := RecoverCommand(ctx, append(survey, "--all"), &stdout, &stderr)
@@ -310,4 +343,9 @@ func TestCommandsWithoutHeads(t *testing.T) {
 			}
 		}
 	})
+}
+
+func sortedIDs(ids ...string) []string {
+	sort.Strings(ids)
+	return ids
 }
