@@ -68,8 +68,10 @@ func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
 }
 
 // Counts returns how many messages each conversation of the reader's owner has in the
-// stream, by key, in one request: the server answers from its index of subjects,
-// without reading a message.
+// stream, by key: the server answers from its index of subjects, without reading a
+// message. It is the list of the owner's conversations the commands start from. The
+// server lists at most 100,000 subjects per response; the client asks for the next
+// pages by offset (TestCountsPages).
 func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
 	filter := r.names.OwnerSubjects(r.owner)
 	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
@@ -282,7 +284,12 @@ func (r *Reader) ReadGeneration(ctx context.Context, c Conv, gen int) (Generatio
 	return g, nil
 }
 
-// Head returns the head of one conversation and its revision.
+// ErrBadHead is wrapped when a conversation's value in the heads bucket does not decode:
+// readers treat the conversation as one without a head, and say so.
+var ErrBadHead = errors.New("undecodable head")
+
+// Head returns the head of one conversation and its revision. A value that does not
+// decode fails with an error wrapping ErrBadHead.
 func (r *Reader) Head(ctx context.Context, c Conv) (Head, uint64, error) {
 	e, err := r.heads.Get(ctx, c.HeadKey())
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -293,19 +300,40 @@ func (r *Reader) Head(ctx context.Context, c Conv) (Head, uint64, error) {
 	}
 	h, err := DecodeHead(e.Value())
 	if err != nil {
-		return Head{}, 0, fmt.Errorf("head of %s: %w", c.Key, err)
+		return Head{}, 0, fmt.Errorf("head of %s (key %s): %w: %v", c.Key, e.Key(), ErrBadHead, err)
 	}
 	return h, e.Revision(), nil
 }
 
-// Heads lists the heads of every conversation of the reader's owner, ordered by key. It
-// reads them with one watch of the owner's keys, which delivers each key's value, rather
-// than listing the keys and getting each (a round trip per conversation).
-func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
+// HeadList is what the heads bucket holds for an owner: the heads that decode, ordered
+// by key, and the keys whose value does not.
+type HeadList struct {
+	Heads []Head
+	Bad   []BadHead
+}
+
+// BadHead is a value of the heads bucket that does not decode.
+type BadHead struct {
+	Key          string // the bucket key
+	Conversation string // the conversation key it belongs to ("" if the key does not decode either)
+	Err          error  // wraps ErrBadHead
+}
+
+// Warning is the one line a command prints about b.
+func (b BadHead) Warning() string {
+	return fmt.Sprintf("head %s: %v; skipped (the conversation is still listed from the stream)", b.Key, b.Err)
+}
+
+// ListHeads lists the heads of every conversation of the reader's owner, ordered by key.
+// A value that does not decode is skipped and returned in Bad, so that one bad value
+// hides nothing else. It reads the heads with one watch of the owner's keys, which
+// delivers each key's value, rather than listing the keys and getting each (a round
+// trip per conversation).
+func (r *Reader) ListHeads(ctx context.Context) (HeadList, error) {
 	prefix := r.owner.KeyPrefix()
 	w, err := r.heads.WatchFiltered(ctx, []string{prefix + "*"}, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("list heads: %w", err)
+		return HeadList{}, fmt.Errorf("list heads: %w", err)
 	}
 	defer w.Stop() //nolint:errcheck // the watch is over either way
 	type keyed struct {
@@ -313,14 +341,15 @@ func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
 		head Head
 	}
 	var all []keyed
+	var list HeadList
 	for {
 		var e jetstream.KeyValueEntry
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("list heads: %w", ctx.Err())
+			return HeadList{}, fmt.Errorf("list heads: %w", ctx.Err())
 		case u, ok := <-w.Updates():
 			if !ok {
-				return nil, errors.New("list heads: the watch ended early")
+				return HeadList{}, errors.New("list heads: the watch ended early")
 			}
 			e = u
 		}
@@ -332,16 +361,32 @@ func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
 		}
 		h, err := DecodeHead(e.Value())
 		if err != nil {
-			return nil, fmt.Errorf("head %s: %w", e.Key(), err)
+			conv, _ := DecodeToken(strings.TrimPrefix(e.Key(), prefix))
+			list.Bad = append(list.Bad, BadHead{Key: e.Key(), Conversation: conv, Err: fmt.Errorf("%w: %v", ErrBadHead, err)})
+			continue
 		}
 		all = append(all, keyed{e.Key(), h})
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
-	heads := make([]Head, len(all))
+	sort.Slice(list.Bad, func(i, j int) bool { return list.Bad[i].Key < list.Bad[j].Key })
+	list.Heads = make([]Head, len(all))
 	for i, k := range all {
-		heads[i] = k.head
+		list.Heads[i] = k.head
 	}
-	return heads, nil
+	return list, nil
+}
+
+// Heads lists the heads of every conversation of the reader's owner, ordered by key, and
+// fails if any value does not decode (ListHeads skips and reports those).
+func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
+	list, err := r.ListHeads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(list.Bad) > 0 {
+		return nil, fmt.Errorf("head %s: %w", list.Bad[0].Key, list.Bad[0].Err)
+	}
+	return list.Heads, nil
 }
 
 // Blob opens the payload of a blob line by its digest.

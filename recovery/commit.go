@@ -6,7 +6,8 @@ import (
 )
 
 // maxCommitBatch bounds the files a run holds staged: each keeps two descriptors open
-// (the file and its root) until it is committed.
+// (the file and its root), three when it replaces a file (that one too), until it is
+// committed.
 const maxCommitBatch = 32
 
 // commitBatch makes staged files durable and puts them in place: for each, fsync, rename
@@ -14,8 +15,10 @@ const maxCommitBatch = 32
 // file system does the costly part once: the write-back of every file is started first,
 // so that the first fsync's journal commit covers them all and the other fsyncs find
 // their data on disk already; each directory is synced once, after every rename into it.
-// Each file's fsync still reports that file's errors. It returns the error of each file;
-// a file that failed is removed and its target left untouched.
+// Each file's fsync still reports that file's errors. A file that replaces another is
+// settled last (see replace): its rename is undone if the replaced file was written to
+// meanwhile. It returns the error of each file; a file that failed is removed and its
+// target left as it was.
 func commitBatch(batch []*staged) []error {
 	errs := make([]error, len(batch))
 	for _, s := range batch {
@@ -24,12 +27,14 @@ func commitBatch(batch []*staged) []error {
 	for i, s := range batch {
 		errs[i] = s.durable()
 	}
+	placed := make([]bool, len(batch))
 	dirs := map[string][]int{} // absolute directory → the files renamed into it
 	var order []string
 	for i, s := range batch {
 		if errs[i] != nil {
 			continue
 		}
+		placed[i] = true // settled below, even if the check right after the rename failed
 		if errs[i] = s.place(); errs[i] != nil {
 			continue
 		}
@@ -47,8 +52,14 @@ func commitBatch(batch []*staged) []error {
 			}
 		}
 	}
-	for _, s := range batch {
-		s.made.close()
+	for i, s := range batch {
+		if placed[i] {
+			hook("settle", s.t)
+			if err := s.settle(true); err != nil {
+				errs[i] = err
+			}
+			s.release()
+		}
 	}
 	return errs
 }

@@ -57,9 +57,21 @@
 // # Writing
 //
 // A file is written through a temporary file in its directory (mode 0600), fsync, rename
-// and fsync of the directory; new directories get mode 0700. Paths are confined to the
-// chosen root with os.Root: a recorded source path or id that would leave it refuses the
-// conversation. An existing file is never replaced unless forced, is left alone when it
-// already holds exactly the rebuilt bytes, and is never replaced, forced or not, when it
-// holds a line whose digest the mirror does not have in any generation (or a torn tail).
+// and fsync of the directory; new directories get mode 0700. Without an output
+// directory, a file goes back to the root and path the heads record, but only below one
+// of the configured roots (Options.Roots, --root): a recorded place elsewhere refuses the
+// conversation, whoever wrote the head. Paths are confined to the root with os.Root: a
+// recorded source path or id that would leave it refuses the conversation. An existing
+// file is never replaced unless forced, is left alone when it already holds exactly the
+// rebuilt bytes, and is never replaced, forced or not, when it holds a line whose digest
+// the mirror does not have in any generation (or a torn tail).
+//
+// That check is made again at the rename. A target that did not exist is created with a
+// hard link, which fails if a file appeared meanwhile. A target that existed is held
+// open from its inspection on; at the rename it must be the same file, with the same
+// size, modification time and last 4 KiB. A rename is not conditional, so the replaced
+// file keeps a second name until the commit is settled: when it changed after the check
+// (a writer appended between the check and the rename, or through a descriptor opened
+// before it), it is renamed back, and the rebuilt file, if written to meanwhile, is kept
+// beside it. Either way the conversation is not reported written.
 package recovery

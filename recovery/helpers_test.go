@@ -44,3 +44,23 @@ func reportJSON(t testing.TB, r Report, tmp string) []byte {
 	}
 	return append(b, '\n')
 }
+
+// sameSet reports whether got and want hold the same values, repeats aside.
+func sameSet[T comparable](got, want []T) bool {
+	g, w := map[T]bool{}, map[T]bool{}
+	for _, v := range got {
+		g[v] = true
+	}
+	for _, v := range want {
+		w[v] = true
+	}
+	if len(g) != len(w) {
+		return false
+	}
+	for v := range w {
+		if !g[v] {
+			return false
+		}
+	}
+	return true
+}

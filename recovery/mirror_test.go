@@ -24,7 +24,7 @@ func TestRecoverGoldenThroughMirror(t *testing.T) {
 		if len(m.Blobs) != 2 {
 			t.Fatalf("%d blobs, want 2", len(m.Blobs))
 		}
-		rep := New(tm.Reader, Options{}).One(mirrortest.Ctx(t), m.Conv)
+		rep := New(tm.Reader, Options{Roots: []string{root}}).One(mirrortest.Ctx(t), m.Conv)
 		if rep.Result != Written {
 			t.Fatalf("%s: %s", rep.Result, rep.Reason)
 		}
@@ -91,7 +91,7 @@ func TestRecoverLargeBlob(t *testing.T) {
 	head := mirrortest.DaemonHead(lines, m, 1)
 	head.Root = t.TempDir()
 	tm.Publish(t, m, m.Msgs, &head)
-	rep := New(tm.Reader, Options{}).One(mirrortest.Ctx(t), m.Conv)
+	rep := New(tm.Reader, Options{Roots: []string{head.Root}}).One(mirrortest.Ctx(t), m.Conv)
 	if rep.Result != Written || rep.Blobs != 1 {
 		t.Fatalf("%s (%d blobs): %s", rep.Result, rep.Blobs, rep.Reason)
 	}

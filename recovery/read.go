@@ -24,7 +24,7 @@ type Mirror interface {
 	ScanOwner(ctx context.Context, opts mirror.ScanOptions, fn func(key string, m mirror.Msg) error) error
 	Counts(ctx context.Context) (map[string]uint64, error)
 	Head(ctx context.Context, c mirror.Conv) (mirror.Head, uint64, error)
-	Heads(ctx context.Context) ([]mirror.Head, error)
+	ListHeads(ctx context.Context) (mirror.HeadList, error)
 	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
 }
 
@@ -170,16 +170,19 @@ func checkBlob(sha string, want, got int64, sum [32]byte) error {
 	return nil
 }
 
-// headOf returns the conversation's head, nil when the bucket has none.
-func headOf(ctx context.Context, m Mirror, c mirror.Conv) (*mirror.Head, error) {
+// headOf returns the conversation's head: nil when the bucket has none, or when its
+// value does not decode (then bad says why).
+func headOf(ctx context.Context, m Mirror, c mirror.Conv) (head *mirror.Head, bad, err error) {
 	h, _, err := m.Head(ctx, c)
-	if errors.Is(err, mirror.ErrNotFound) {
-		return nil, nil
+	switch {
+	case errors.Is(err, mirror.ErrNotFound):
+		return nil, nil, nil
+	case errors.Is(err, mirror.ErrBadHead):
+		return nil, err, nil
+	case err != nil:
+		return nil, nil, err
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &h, nil
+	return &h, nil, nil
 }
 
 // NewMirror binds the read API of the mirror for owner o.

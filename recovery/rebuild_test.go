@@ -104,7 +104,7 @@ func TestRebuildGolden(t *testing.T) {
 			for _, c := range p.Report.Conflicts {
 				kinds = append(kinds, c.Kind)
 			}
-			if !sameKinds(kinds, tc.conflicts) {
+			if !sameSet(kinds, tc.conflicts) {
 				t.Errorf("conflicts %v, want %v", kinds, tc.conflicts)
 			}
 			if len(tc.drop) > 0 {
@@ -112,22 +112,6 @@ func TestRebuildGolden(t *testing.T) {
 			}
 		})
 	}
-}
-
-func sameKinds(got, want []ConflictKind) bool {
-	seen := map[ConflictKind]bool{}
-	for _, k := range got {
-		seen[k] = true
-	}
-	if len(seen) != len(want) {
-		return false
-	}
-	for _, k := range want {
-		if !seen[k] {
-			return false
-		}
-	}
-	return true
 }
 
 // checkTree checks what a gap-filled file must be for Pi: a header Pi accepts, every line

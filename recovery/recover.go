@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/pisync/pisync/mirror"
@@ -15,12 +16,15 @@ import (
 
 // Options select and shape a recovery.
 type Options struct {
-	Out        string // rebuild under this directory in Pi's layout; "" = the recorded root and path
-	Generation int    // generation to rebuild; 0 = the newest
-	DryRun     bool   // check everything, write nothing
-	Force      bool   // overwrite a differing file, accept a head mismatch
-	DropRaw    bool   // leave raw lines out, so that Pi's harness reader accepts the file
-	Parallel   int    // conversations recovered at once; 0 = 4
+	Out string // rebuild under this directory in Pi's layout; "" = the recorded root and path
+	// Roots are the directories recovery may write under when Out is "" (absolute): a
+	// conversation the mirror places elsewhere is refused (ErrOutsideRoots).
+	Roots      []string
+	Generation int  // generation to rebuild; 0 = the newest
+	DryRun     bool // check everything, write nothing
+	Force      bool // overwrite a differing file, accept a head mismatch
+	DropRaw    bool // leave raw lines out, so that Pi's harness reader accepts the file
+	Parallel   int  // conversations recovered at once; 0 = 4
 	// OnDone, if set, is called once per conversation as it finishes (serialized).
 	OnDone func(Report)
 }
@@ -46,43 +50,57 @@ func New(m Mirror, opts Options) *Recoverer {
 // Selection is the conversations to recover, and what the mirror said of them when they
 // were selected: Run reads them without asking again.
 type Selection struct {
-	Keys   []string // sorted, without repeats
-	heads  map[string]mirror.Head
-	owned  int               // conversations of the owner: with a head or with messages
-	counts map[string]uint64 // messages of each conversation; nil: not counted
+	Keys []string // sorted, without repeats
+	// BadHeads are the values of the heads bucket that do not decode: their
+	// conversations are recovered without metadata, and the command warns of each.
+	BadHeads []mirror.BadHead
+	heads    map[string]mirror.Head
+	bad      map[string]error  // conversation key → why its head is not used
+	owned    int               // conversations of the owner: with a head or with messages
+	counts   map[string]uint64 // messages of each conversation; nil: not counted
 }
 
-// Select resolves a selection into conversation keys: with all, every conversation of the
-// owner, those with a head and those with messages in the stream (a daemon killed before
-// writing a head leaves a conversation without one); otherwise each id, plus the keys its
-// copies were mirrored under after a clash (two local files with one id).
+// Select resolves a selection into conversation keys. The conversations are listed from
+// the stream itself (the subjects of the owner's messages); the heads only add metadata,
+// and conversations that have a head but no message come along too, so that each is
+// reported. With all, that is every conversation of the owner; otherwise each id, plus
+// the keys its copies were mirrored under after a clash (two local files with one id:
+// "<id>~<hex>"). A head that does not decode is skipped and listed in BadHeads; it hides
+// nothing. Select fails when the stream cannot be listed: what it would return could
+// leave conversations out without saying so.
 func Select(ctx context.Context, m Mirror, ids []string, all bool) (Selection, error) {
-	heads, err := m.Heads(ctx)
+	list, err := m.ListHeads(ctx)
 	if err != nil {
 		return Selection{}, err
 	}
-	sel := Selection{heads: make(map[string]mirror.Head, len(heads))}
+	counts, err := m.Counts(ctx)
+	if err != nil {
+		return Selection{}, fmt.Errorf("list the conversations in the stream: %w", err)
+	}
+	sel := Selection{heads: make(map[string]mirror.Head, len(list.Heads)), counts: counts,
+		BadHeads: list.Bad, bad: map[string]error{}}
+	owned := map[string]bool{}
+	for _, h := range list.Heads {
+		sel.heads[h.ConvKey()] = h
+		owned[h.ConvKey()] = true
+	}
+	for _, b := range list.Bad {
+		if b.Conversation != "" {
+			sel.bad[b.Conversation] = b.Err
+			owned[b.Conversation] = true
+		}
+	}
+	for key := range counts {
+		owned[key] = true
+	}
+	sel.owned = len(owned)
 	set := map[string]bool{}
 	for _, id := range ids {
 		set[id] = true
 	}
-	for _, h := range heads {
-		sel.heads[h.ConvKey()] = h
-		if all || set[h.Conversation] {
-			set[h.ConvKey()] = true
-		}
-	}
-	sel.owned = len(sel.heads)
-	if all {
-		// Where the layout does not allow counting, the heads are what there is.
-		if counts, err := m.Counts(ctx); err == nil {
-			sel.counts = counts
-			for key := range counts {
-				set[key] = true
-				if _, ok := sel.heads[key]; !ok {
-					sel.owned++
-				}
-			}
+	for key := range owned {
+		if all || set[key] || set[clashOf(key)] || set[sel.heads[key].Conversation] {
+			set[key] = true
 		}
 	}
 	sel.Keys = make([]string, 0, len(set))
@@ -91,6 +109,15 @@ func Select(ctx context.Context, m Mirror, ids []string, all bool) (Selection, e
 	}
 	sort.Strings(sel.Keys)
 	return sel, nil
+}
+
+// clashOf is the conversation id a clash key ("<id>~<hex>") was derived from, "" for
+// another key.
+func clashOf(key string) string {
+	if i := strings.LastIndexByte(key, '~'); i > 0 {
+		return key[:i]
+	}
+	return ""
 }
 
 // Run recovers each key of sel, Options.Parallel at a time, and returns the reports in
@@ -188,11 +215,11 @@ func (r *Recoverer) one(ctx context.Context, key string) outcome {
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
-	head, err := headOf(ctx, r.m, c)
+	head, bad, err := headOf(ctx, r.m, c)
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
-	return r.finish(ctx, key, g, head)
+	return r.finish(ctx, key, g, head, bad)
 }
 
 // failed is the report of a conversation that could not be rebuilt.
@@ -210,14 +237,15 @@ type outcome struct {
 // committed is the report once the staged file's commit returned err.
 func (o outcome) committed(err error) Report {
 	if err != nil {
-		o.rep.Result, o.rep.Reason = Failed, err.Error()
+		o.rep.Result, o.rep.Reason = resultOf(err), err.Error()
 	}
 	return o.rep
 }
 
 // finish rebuilds a conversation read from the mirror and places its file: a file to
-// write is staged, for a committer to make durable and rename in place.
-func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *mirror.Head) outcome {
+// write is staged, for a committer to make durable and rename in place. badHead, if not
+// nil, is why the conversation's head (then nil) could not be used.
+func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *mirror.Head, badHead error) outcome {
 	rep := Report{Key: key, Conversation: key, Generation: r.opts.Generation}
 	fail := func(res Result, err error) outcome {
 		rep.Result, rep.Reason = res, err.Error()
@@ -231,13 +259,17 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 		return fail(resultOf(err), err)
 	}
 	rep = plan.Report
+	if badHead != nil {
+		rep.HeadCheck = "skipped: the head does not decode"
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%v: rebuilt without the head's metadata", badHead))
+	}
 	if plan.HeadMismatch {
 		if !r.opts.Force {
 			return fail(Refused, fmt.Errorf("head %s; --force writes it anyway", rep.HeadCheck))
 		}
 		rep.Forced = true
 	}
-	t, err := targetFor(plan, r.opts.Out)
+	t, err := targetFor(plan, r.opts.Out, r.opts.Roots)
 	if err != nil {
 		return fail(Refused, err)
 	}
@@ -264,11 +296,17 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 }
 
 // place checks the target and stages the file unless a check or --dry-run says not to.
+// A file at the target stays open with the staged one, for its commit to check again.
 func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func() map[string]bool) (res Result, forced bool, st *staged, err error) {
 	ex, err := r.inspectTarget(t, plan, held)
 	if err != nil {
-		return Failed, false, nil, err
+		return resultOf(err), false, nil, err
 	}
+	defer func() {
+		if st == nil {
+			ex.close()
+		}
+	}()
 	switch {
 	case ex.nLacking > 0:
 		return Refused, false, nil, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
@@ -288,6 +326,7 @@ func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func()
 	if st, err = stage(ctx, r.m, t, plan); err != nil {
 		return resultOf(err), ex.exists, nil, err
 	}
+	st.old = ex.inspected
 	return Written, ex.exists, st, nil
 }
 
@@ -315,7 +354,7 @@ func (r *Recoverer) claim(path, key string) string {
 
 // resultOf classifies an error: a check that failed refuses, anything else fails.
 func resultOf(err error) Result {
-	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) {
+	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) || errors.Is(err, ErrOutsideRoots) || errors.Is(err, ErrTargetChanged) {
 		return Refused
 	}
 	return Failed

@@ -67,6 +67,12 @@ func TestRecoverRefusals(t *testing.T) {
 		{name: "relative root", input: "missing_middle",
 			prepare: func(t *testing.T, s *setup) { s.head.Root = "sessions" },
 			want:    []string{"unsafe output path", "not absolute", "--out"}},
+		{name: "root outside the configured roots", input: "missing_middle", opts: Options{Force: true},
+			prepare: func(t *testing.T, s *setup) { s.head.Root = filepath.Join(filepath.Dir(s.root), "elsewhere") },
+			want:    []string{"outside the roots", "elsewhere", "--root", "--out"}},
+		{name: "root climbing out of a configured one", input: "missing_middle",
+			prepare: func(t *testing.T, s *setup) { s.head.Root = s.root + "/../../.." },
+			want:    []string{"outside the roots"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,7 +87,9 @@ func TestRecoverRefusals(t *testing.T) {
 			tm.Publish(t, s.m, s.m.Msgs, &s.head)
 			before := snapshot(t, base)
 
-			rep := New(tm.Reader, tc.opts).One(mirrortest.Ctx(t), s.m.Conv)
+			opts := tc.opts
+			opts.Roots = []string{s.root}
+			rep := New(tm.Reader, opts).One(mirrortest.Ctx(t), s.m.Conv)
 			if rep.Result != Refused {
 				t.Fatalf("result %s (%s), want refused", rep.Result, rep.Reason)
 			}
@@ -114,7 +122,7 @@ func TestRecoverOutcomes(t *testing.T) {
 	ctx := mirrortest.Ctx(t)
 	path := filepath.Join(root, filepath.FromSlash(head.Source))
 
-	rep := New(tm.Reader, Options{DryRun: true}).One(ctx, m.Conv)
+	rep := New(tm.Reader, Options{DryRun: true, Roots: []string{root}}).One(ctx, m.Conv)
 	if rep.Result != DryRun || rep.Output != path {
 		t.Fatalf("dry run: %s %s: %s", rep.Result, rep.Output, rep.Reason)
 	}
@@ -122,7 +130,7 @@ func TestRecoverOutcomes(t *testing.T) {
 		t.Fatalf("the dry run created %s", filepath.Dir(root))
 	}
 
-	rep = New(tm.Reader, Options{}).One(ctx, m.Conv)
+	rep = New(tm.Reader, Options{Roots: []string{root}}).One(ctx, m.Conv)
 	if rep.Result != Written {
 		t.Fatalf("%s: %s", rep.Result, rep.Reason)
 	}
@@ -136,13 +144,13 @@ func TestRecoverOutcomes(t *testing.T) {
 		}
 	}
 
-	rep = New(tm.Reader, Options{}).One(ctx, m.Conv)
+	rep = New(tm.Reader, Options{Roots: []string{root}}).One(ctx, m.Conv)
 	if rep.Result != Unchanged {
 		t.Fatalf("second run: %s: %s", rep.Result, rep.Reason)
 	}
 
 	mirrortest.WriteFile(t, path, mirrortest.JoinLines(lines[:3])) // an older, shorter copy: every line is mirrored
-	rep = New(tm.Reader, Options{Force: true}).One(ctx, m.Conv)
+	rep = New(tm.Reader, Options{Force: true, Roots: []string{root}}).One(ctx, m.Conv)
 	if rep.Result != Written || !rep.Forced {
 		t.Fatalf("forced: %s (forced %v): %s", rep.Result, rep.Forced, rep.Reason)
 	}
@@ -155,7 +163,7 @@ func TestRecoverOutcomes(t *testing.T) {
 	}
 
 	for _, key := range []string{"no-such-conversation"} {
-		rep := New(tm.Reader, Options{}).One(ctx, key)
+		rep := New(tm.Reader, Options{Roots: []string{root}}).One(ctx, key)
 		if rep.Result != Failed || !strings.Contains(rep.Reason, "not found") {
 			t.Errorf("%s: %s %s", key, rep.Result, rep.Reason)
 		}

@@ -65,7 +65,7 @@ func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, com *
 				if h, ok := heads[key]; ok {
 					head = &h
 				}
-				com.add(j.i, r.finish(ctx, key, j.g, head))
+				com.add(j.i, r.finish(ctx, key, j.g, head, sel.bad[key]))
 			}
 		}()
 	}

@@ -15,6 +15,11 @@ import (
 // conversation is refused rather than written elsewhere.
 var ErrUnsafePath = errors.New("unsafe output path")
 
+// ErrOutsideRoots is wrapped when the mirror's metadata places a file outside the roots
+// recovery may write under (--root): whoever can write the owner's heads must not choose
+// where files and directories appear. The conversation is refused.
+var ErrOutsideRoots = errors.New("outside the roots")
+
 // target is where one conversation's file goes: a root directory that every write is
 // confined to and a path relative to it. targetFor checks the path by its text; the
 // writes then go through os.Root, which resolves every element under the root
@@ -28,11 +33,12 @@ type target struct {
 func (t target) path() string { return filepath.Join(t.root, t.rel) }
 
 // targetFor decides where plan is written. Without out, it is the root and relative path
-// recorded in the heads metadata. With out, it is Pi's layout under out:
+// recorded in the heads metadata, which must lie under one of roots (absolute, clean);
+// the writes are then confined to that root. With out, it is Pi's layout under out:
 // --<encoded cwd>--/<timestamp>_<id>.jsonl, keeping the mirrored file name when it is
 // one of Pi's for this conversation (the harness names the file from another clock read
 // than the header timestamp, so the original name is the better one).
-func targetFor(p *Plan, out string) (target, error) {
+func targetFor(p *Plan, out string, roots []string) (target, error) {
 	if out == "" {
 		if p.Root == "" {
 			return target{}, fmt.Errorf("%w: the mirror does not record the file's root; use --out DIR", ErrUnsafePath)
@@ -44,7 +50,17 @@ func targetFor(p *Plan, out string) (target, error) {
 		if err := checkRel(rel); err != nil {
 			return target{}, fmt.Errorf("%w: source path %q: %v", ErrUnsafePath, p.Source, err)
 		}
-		return confined(filepath.Clean(p.Root), rel)
+		recorded := filepath.Join(filepath.Clean(p.Root), rel)
+		root, ok := rootOf(recorded, roots)
+		if !ok {
+			return target{}, fmt.Errorf("%w: the mirror places the file at %s, outside the roots (%s); add its root with --root, or use --out DIR",
+				ErrOutsideRoots, recorded, strings.Join(roots, ", "))
+		}
+		below, err := filepath.Rel(root, recorded)
+		if err != nil {
+			return target{}, fmt.Errorf("%w: %s: %v", ErrOutsideRoots, recorded, err)
+		}
+		return confined(root, below)
 	}
 	root, err := filepath.Abs(out)
 	if err != nil {
@@ -65,6 +81,22 @@ func targetFor(p *Plan, out string) (target, error) {
 		return target{}, fmt.Errorf("%w: %q: %v", ErrUnsafePath, rel, err)
 	}
 	return confined(root, rel)
+}
+
+// rootOf returns the deepest of roots that path (absolute, clean) lies strictly below.
+// Roots that are not absolute are ignored.
+func rootOf(path string, roots []string) (string, bool) {
+	var best string
+	for _, r := range roots {
+		if !filepath.IsAbs(r) {
+			continue
+		}
+		r = filepath.Clean(r)
+		if rel, err := filepath.Rel(r, path); err == nil && filepath.IsLocal(rel) && len(r) > len(best) {
+			best = r
+		}
+	}
+	return best, best != ""
 }
 
 // confined is the target rel under root, checked once more as a whole: whatever the

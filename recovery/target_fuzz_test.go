@@ -33,17 +33,31 @@ func FuzzTarget(f *testing.F) {
 	f.Add("/srv/pi/sessions", "--x--/../../../etc/cron.d/x.jsonl", "/x", "id", "t")
 	f.Add("/srv/pi/sessions", "--x--/2026_id.jsonl", "/link", "id", "t")
 	f.Add("/srv/pi/sessions", "", "/up", "../up", "..")
+	f.Add("/srv/pi/sessions/../../../etc", "cron.d/x.jsonl", "/x", "id", "t")
+	f.Add("/srv/pi/sessions-other", "x.jsonl", "/x", "id", "t")
+	f.Add("/srv/pi/sessions/deeper", "x.jsonl", "/x", "id", "t")
+	f.Add("/srv/pi", "sessions/x.jsonl", "/x", "id", "t")
+	configured := []string{"/srv/pi/sessions", "/home/u/.pi"}
 	f.Fuzz(func(t *testing.T, root, source, cwd, id, ts string) {
 		p := &Plan{Root: root, Source: source, Header: session.Header{ID: id, Cwd: cwd, Timestamp: ts}}
-		if tg, err := targetFor(p, ""); err == nil {
+		if tg, err := targetFor(p, "", []string{root}); err == nil {
 			checkConfined(t, tg, filepath.Clean(root))
 		} else if !errors.Is(err, ErrUnsafePath) {
 			t.Fatalf("recorded root %q, source %q: %v does not say the path is unsafe", root, source, err)
 		}
+		// Whatever root the mirror records, nothing is placed outside the configured ones.
+		if tg, err := targetFor(p, "", configured); err == nil {
+			if tg.root != configured[0] && tg.root != configured[1] {
+				t.Fatalf("recorded root %q, source %q: placed under %q, not a configured root", root, source, tg.root)
+			}
+			checkConfined(t, tg, tg.root)
+		} else if !errors.Is(err, ErrUnsafePath) && !errors.Is(err, ErrOutsideRoots) {
+			t.Fatalf("recorded root %q, source %q: %v does not say the path is unsafe or outside the roots", root, source, err)
+		}
 
 		// The relative path does not depend on --out: check it first, and build a tree
 		// to write into only for paths that pass.
-		if _, err := targetFor(p, "/out"); err != nil {
+		if _, err := targetFor(p, "/out", nil); err != nil {
 			if !errors.Is(err, ErrUnsafePath) {
 				t.Fatalf("--out: cwd %q, id %q, timestamp %q, source %q: %v does not say the path is unsafe", cwd, id, ts, source, err)
 			}
@@ -62,7 +76,7 @@ func FuzzTarget(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		tg, err := targetFor(p, out)
+		tg, err := targetFor(p, out, nil)
 		if err != nil {
 			t.Fatalf("--out %s: %v, but %q passed under /out", out, err, cwd)
 		}
@@ -141,12 +155,47 @@ func TestTargetRefusals(t *testing.T) {
 		{"/srv/s\x00", "b.jsonl"},
 		{"srv/s", "b.jsonl"},
 	} {
-		if tg, err := targetFor(&Plan{Root: tc.root, Source: tc.source}, ""); !errors.Is(err, ErrUnsafePath) {
+		if tg, err := targetFor(&Plan{Root: tc.root, Source: tc.source}, "", []string{"/srv/s"}); !errors.Is(err, ErrUnsafePath) {
 			t.Errorf("root %q, source %q: %v (%+v), want unsafe", tc.root, tc.source, err, tg)
 		}
 	}
-	if tg, err := targetFor(&Plan{Root: "/srv/s/", Source: "--w--/a_id.jsonl"}, ""); err != nil || tg.path() != "/srv/s/--w--/a_id.jsonl" {
+	if tg, err := targetFor(&Plan{Root: "/srv/s/", Source: "--w--/a_id.jsonl"}, "", []string{"/srv/s"}); err != nil || tg.path() != "/srv/s/--w--/a_id.jsonl" {
 		t.Errorf("a clean path: %+v, %v", tg, err)
+	}
+}
+
+// TestTargetRoots: without --out, a file is placed only below a configured root, and its
+// writes are confined to that root (the deepest, when roots nest); a recorded root
+// elsewhere, or one that climbs out with "..", is refused.
+func TestTargetRoots(t *testing.T) {
+	roots := []string{"/home/u/.pi/agent/sessions", "/srv/app/sessions", "/srv/app/sessions/nested"}
+	for _, tc := range []struct {
+		root, source string
+		wantRoot     string // "": refused as outside the roots
+	}{
+		{"/home/u/.pi/agent/sessions", "--w--/a.jsonl", "/home/u/.pi/agent/sessions"},
+		{"/home/u/.pi/agent/sessions/", "--w--/a.jsonl", "/home/u/.pi/agent/sessions"},
+		{"/srv/app/sessions/sub", "--w--/a.jsonl", "/srv/app/sessions"},
+		{"/srv/app/sessions/nested", "a.jsonl", "/srv/app/sessions/nested"},
+		{"/srv/app", "sessions/a.jsonl", "/srv/app/sessions"},
+		{"/srv/app", "other/a.jsonl", ""},
+		{"/srv/app/sessions-2", "a.jsonl", ""},
+		{"/etc", "cron.d/x.jsonl", ""},
+		{"/home/u/.pi/agent/sessions/../../../../etc", "x.jsonl", ""},
+		{"/", "home/u/.pi/agent/sessions/a.jsonl", "/home/u/.pi/agent/sessions"},
+	} {
+		tg, err := targetFor(&Plan{Root: tc.root, Source: tc.source}, "", roots)
+		switch {
+		case tc.wantRoot == "" && !errors.Is(err, ErrOutsideRoots):
+			t.Errorf("root %q, source %q: %+v, %v; want refused as outside the roots", tc.root, tc.source, tg, err)
+		case tc.wantRoot == "" && !strings.Contains(err.Error(), "--root"):
+			t.Errorf("root %q: %v does not say how to allow it", tc.root, err)
+		case tc.wantRoot != "" && (err != nil || tg.root != tc.wantRoot || tg.path() != filepath.Join(tc.root, tc.source)):
+			t.Errorf("root %q, source %q: %+v, %v; want under %s", tc.root, tc.source, tg, err, tc.wantRoot)
+		}
+	}
+	if _, err := targetFor(&Plan{Root: "/srv/s", Source: "a.jsonl"}, "", nil); !errors.Is(err, ErrOutsideRoots) {
+		t.Errorf("no root configured: %v, want refused", err)
 	}
 }
 

@@ -3,9 +3,7 @@ package recovery
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -32,12 +30,15 @@ type existing struct {
 	identical bool     // byte for byte the rebuilt file (by line digests)
 	lacking   []string // lines the mirror does not hold, described (at most maxListed)
 	nLacking  int
+	inspected // the file, open, and what it was when inspected: the rename checks it again
 }
 
 // inspect compares the file at rel (if any) with plan, line by line by digest. heldFn
 // returns the digest of every line the mirror has, in any generation, and of the lines
 // recovery makes; it is called only when the file exists. A local line outside it would
-// be lost by overwriting the file. A torn last line counts as such a line.
+// be lost by overwriting the file. A torn last line counts as such a line. The file is
+// returned open with its state (see inspected), for the rename to check that it is still
+// what was inspected; a file that changes while it is read fails with ErrTargetChanged.
 func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]bool) (existing, error) {
 	f, err := root.Open(rel)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -46,12 +47,22 @@ func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]boo
 	if err != nil {
 		return existing{}, fmt.Errorf("open existing %s: %w", rel, err)
 	}
-	defer f.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+		}
+	}()
+	id, before, err := stateOf(f)
+	if err != nil {
+		return existing{}, fmt.Errorf("read existing %s: %w", rel, err)
+	}
 	held := heldFn()
 	e := existing{exists: true, identical: true}
-	var n int64
-	torn, err := session.ReadLines(f, func(l session.DigestedLine) error {
+	var n, read int64
+	torn, err := session.ReadLines(io.LimitReader(f, before.size), func(l session.DigestedLine) error {
 		n++
+		read += l.Size + 1
 		if l.Ordinal >= int64(len(plan.Lines)) || plan.Lines[l.Ordinal].SHA256 != l.SHA256 {
 			e.identical = false
 		}
@@ -70,6 +81,9 @@ func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]boo
 	if err != nil {
 		return existing{}, fmt.Errorf("read existing %s: %w", rel, err)
 	}
+	if _, after, err := stateOf(f); err != nil || after != before || read+torn != before.size {
+		return existing{}, fmt.Errorf("%w: %s changed while it was read: something writes to it; recover it again once nothing does", ErrTargetChanged, rel)
+	}
 	if n != int64(len(plan.Lines)) {
 		e.identical = false
 	}
@@ -78,6 +92,8 @@ func inspect(root *os.Root, rel string, plan *Plan, heldFn func() map[string]boo
 		e.nLacking++
 		e.lacking = append(e.lacking, fmt.Sprintf("a torn last line of %d bytes", torn))
 	}
+	e.inspected = inspected{f: f, id: id, want: before}
+	keep = true
 	return e, nil
 }
 
@@ -145,9 +161,14 @@ func writeAtomic(ctx context.Context, blobs Blobs, t target, plan *Plan) error {
 // yet durable nor in place: commitBatch finishes it, with others.
 type staged struct {
 	made *madeDirs
-	f    *os.File // nil once closed
+	f    *os.File // the temporary file, then the rebuilt file in place; nil once closed
 	tmp  string   // relative to made.root
 	t    target
+	// old is the file at the target when it was inspected, held open until the commit
+	// is settled (see replace); zero when there was none.
+	old     inspected
+	bak     string    // a second name of old while it is replaced, relative to made.root
+	rebuilt fileState // of f, once durable
 }
 
 // stage writes plan to a temporary file in the target directory. On failure nothing is
@@ -159,11 +180,10 @@ func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, err
 		return nil, err
 	}
 	dir := filepath.Dir(t.rel)
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:]) // crypto/rand does not fail on supported platforms
-	// Not *.jsonl, so that a daemon watching the tree ignores it until the rename.
-	tmp := filepath.Join(dir, "."+filepath.Base(t.rel)+".pisync-"+hex.EncodeToString(rnd[:])+".tmp")
-	f, err := made.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// Not *.jsonl, so that a daemon watching the tree ignores it until the rename. Read
+	// and write: the commit checks its tail.
+	tmp := sibling(t.rel, ".", ".tmp")
+	f, err := made.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		made.discard()
 		return nil, fmt.Errorf("create temporary file in %s: %w", filepath.Join(t.root, dir), err)
@@ -190,33 +210,24 @@ func stage(ctx context.Context, blobs Blobs, t target, plan *Plan) (*staged, err
 // showed in the profile of a recovery of many conversations.
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 256<<10) }}
 
-// durable fsyncs and closes the temporary file; on failure it aborts.
+// durable fsyncs the temporary file and records its state; on failure it aborts.
 func (s *staged) durable() error {
 	err := s.f.Sync()
 	if err != nil {
 		err = fmt.Errorf("fsync %s: %w", s.t.path(), err)
-	} else if err = s.f.Close(); err != nil {
-		err = fmt.Errorf("close %s: %w", s.t.path(), err)
+	} else if _, s.rebuilt, err = stateOf(s.f); err != nil {
+		err = fmt.Errorf("read back %s: %w", s.t.path(), err)
 	}
 	if err != nil {
 		s.abort()
 		return err
 	}
-	s.f = nil
 	return nil
 }
 
-// place renames the temporary file over the target; on failure it aborts.
-func (s *staged) place() error {
-	if err := s.made.root.Rename(s.tmp, s.t.rel); err != nil {
-		s.abort()
-		return fmt.Errorf("rename into %s: %w", s.t.path(), err)
-	}
-	return nil
-}
-
-// abort removes the temporary file and the directories made for it: a refused or failed
-// write leaves nothing behind.
+// abort removes the temporary file and the directories made for it, and lets go of the
+// file it was to replace: a refused or failed write leaves nothing behind. Only before
+// the rename.
 func (s *staged) abort() {
 	if s.f != nil {
 		s.f.Close()
@@ -225,7 +236,18 @@ func (s *staged) abort() {
 	if s.made.root != nil {
 		_ = s.made.root.Remove(s.tmp)
 	}
+	s.old.close()
 	s.made.discard()
+}
+
+// release closes what a committed file still holds open.
+func (s *staged) release() {
+	if s.f != nil {
+		s.f.Close()
+		s.f = nil
+	}
+	s.old.close()
+	s.made.close()
 }
 
 // commit commits s alone.

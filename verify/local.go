@@ -138,38 +138,77 @@ func tornTail(r io.ReaderAt, size int64) (int64, error) {
 	return size, nil
 }
 
-// HeadLister lists the heads of the caller's conversations; *mirror.Reader implements it.
-type HeadLister interface {
-	Heads(ctx context.Context) ([]mirror.Head, error)
+// Lister lists what the mirror holds for the caller; *mirror.Reader implements it.
+type Lister interface {
+	ListHeads(ctx context.Context) (mirror.HeadList, error)
+	Counts(ctx context.Context) (map[string]uint64, error)
 }
 
-// Pair is a local session file and the head the mirror has for it. File is nil for a
-// head of this host, under one of the roots, whose file is gone; Head is nil for a file
-// the mirror does not know.
+// Pair is a local session file and what the mirror has for it. File is nil for a head of
+// this host, under one of the roots, whose file is gone. Head is nil for a file the
+// mirror has no usable head for: then Headless is the conversation of the stream that
+// carries the file's id, if any, and nil for a file the mirror does not know.
 type Pair struct {
-	File *LocalFile
-	Head *mirror.Head
+	File     *LocalFile
+	Head     *mirror.Head
+	Headless *Headless
+}
+
+// Headless is a conversation the stream holds without a usable head: none was written
+// (a daemon stopped between acknowledgement and head), or its value does not decode.
+type Headless struct {
+	Key      string `json:"key"`
+	Messages uint64 `json:"messages"`
+	Reason   string `json:"reason"`
+}
+
+// Surveyed is what Survey found.
+type Surveyed struct {
+	Pairs []Pair
+	Heads []mirror.Head // every head of the owner that decodes
+	// Headless are the conversations of the stream without a usable head that no local
+	// file carries (they may be another host's).
+	Headless []Headless
+	BadHeads []mirror.BadHead // values of the heads bucket that do not decode
 }
 
 // Survey finds the session files under roots and pairs each with its head: the head of
 // this host recorded at the same root and path, else the head of the conversation id in
 // the file's header. Heads of this host under these roots that no file claims come back
-// with a nil File. It also returns every head of the owner.
-func Survey(ctx context.Context, m HeadLister, roots []string, host string) ([]Pair, []mirror.Head, error) {
+// with a nil File. The conversations are also listed from the stream itself, so that one
+// whose head is missing or does not decode is not hidden: a file carrying its id is
+// paired with it (Headless), the others are listed in Surveyed.Headless.
+func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveyed, error) {
 	files, err := FindSessions(roots)
 	if err != nil {
-		return nil, nil, err
+		return Surveyed{}, err
 	}
-	heads, err := m.Heads(ctx)
+	list, err := m.ListHeads(ctx)
 	if err != nil {
-		return nil, nil, err
+		return Surveyed{}, err
 	}
+	counts, err := m.Counts(ctx)
+	if err != nil {
+		return Surveyed{}, fmt.Errorf("list the conversations in the stream: %w", err)
+	}
+	heads := list.Heads
 	type loc struct{ host, root, source string }
 	byLoc := map[loc]int{}
 	byKey := map[string]int{}
 	for i, h := range heads {
 		byLoc[loc{h.Host, filepath.Clean(h.Root), h.Source}] = i
 		byKey[h.ConvKey()] = i
+	}
+	headless := map[string]*Headless{}
+	for key, n := range counts {
+		if _, ok := byKey[key]; !ok {
+			headless[key] = &Headless{Key: key, Messages: n, Reason: "the heads bucket has no head for it"}
+		}
+	}
+	for _, b := range list.Bad {
+		if h := headless[b.Conversation]; h != nil {
+			h.Reason = b.Err.Error()
+		}
 	}
 	used := make([]bool, len(heads))
 	pairs := make([]Pair, 0, len(files))
@@ -181,7 +220,8 @@ func Survey(ctx context.Context, m HeadLister, roots []string, host string) ([]P
 		}
 		pairs = append(pairs, p)
 	}
-	// Second pass by id, for files the daemon recorded elsewhere (moved, another host).
+	// Second pass by id, for files the daemon recorded elsewhere (moved, another host),
+	// then for files whose conversation has no usable head.
 	for i := range pairs {
 		p := &pairs[i]
 		if p.Head != nil || !p.File.HeaderOK {
@@ -189,6 +229,9 @@ func Survey(ctx context.Context, m HeadLister, roots []string, host string) ([]P
 		}
 		if j, ok := byKey[p.File.Header.ID]; ok && !used[j] {
 			p.Head, used[j] = &heads[j], true
+		} else if h := headless[p.File.Header.ID]; h != nil {
+			p.Headless = h
+			delete(headless, h.Key)
 		}
 	}
 	rootSet := map[string]bool{}
@@ -202,5 +245,10 @@ func Survey(ctx context.Context, m HeadLister, roots []string, host string) ([]P
 			pairs = append(pairs, Pair{Head: &heads[j]})
 		}
 	}
-	return pairs, heads, nil
+	s := Surveyed{Pairs: pairs, Heads: heads, BadHeads: list.Bad, Headless: []Headless{}}
+	for _, h := range headless {
+		s.Headless = append(s.Headless, *h)
+	}
+	sort.Slice(s.Headless, func(i, j int) bool { return s.Headless[i].Key < s.Headless[j].Key })
+	return s, nil
 }

@@ -20,10 +20,11 @@ const (
 	StateError       State = "error"         // unreadable, or the mirror holds more than the file
 	StateMissing     State = "local-missing" // mirrored from this host, the local file is gone
 	StateNotMirrored State = "not-mirrored"  // the mirror does not know the file
+	StateNoHead      State = "no-head"       // the stream holds the conversation, without a usable head
 )
 
 // States lists every state in display order.
-var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored}
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead}
 
 // SessionStatus is the line of one session in `pisync status`.
 type SessionStatus struct {
@@ -56,10 +57,13 @@ type Totals struct {
 }
 
 // MirrorTotals sum the heads of the caller's tenant and owner, over every host.
+// Conversations counts those the stream holds without a usable head as well.
 type MirrorTotals struct {
 	Tenant        string    `json:"tenant"`
 	Owner         string    `json:"owner"`
 	Conversations int       `json:"conversations"`
+	WithoutHead   int       `json:"without_head"` // of Conversations: in the stream, no usable head
+	BadHeads      int       `json:"bad_heads"`    // values of the heads bucket that do not decode
 	Hosts         int       `json:"hosts"`
 	Entries       int64     `json:"entries"`
 	Bytes         int64     `json:"bytes"`
@@ -74,13 +78,28 @@ type StatusReport struct {
 	Sessions []SessionStatus `json:"sessions"`
 	Local    Totals          `json:"host_totals"`
 	Mirror   MirrorTotals    `json:"mirror_totals"`
+	// Headless are the conversations of the stream without a usable head that no local
+	// file carries; Warnings say why a head was skipped.
+	Headless []Headless `json:"without_head"`
+	Warnings []string   `json:"warnings,omitempty"`
 }
 
 // Status computes the state of each surveyed pair (see Survey) at time now, and totals
-// for the host and, from heads, for the owner.
-func Status(pairs []Pair, heads []mirror.Head, o mirror.Owner, host string, now time.Time) StatusReport {
-	rep := StatusReport{Host: host, Time: now, Local: Totals{States: map[State]int{}}}
-	for _, p := range pairs {
+// for the host and, from heads and the stream, for the owner.
+func Status(sv Surveyed, o mirror.Owner, host string, now time.Time) StatusReport {
+	rep := StatusReport{Host: host, Time: now, Local: Totals{States: map[State]int{}}, Headless: sv.Headless}
+	if rep.Headless == nil {
+		rep.Headless = []Headless{}
+	}
+	heads := sv.Heads
+	withoutHead := len(sv.Headless)
+	for _, b := range sv.BadHeads {
+		rep.Warnings = append(rep.Warnings, b.Warning())
+	}
+	for _, p := range sv.Pairs {
+		if p.Headless != nil {
+			withoutHead++
+		}
 		s := sessionStatus(p, now)
 		rep.Sessions = append(rep.Sessions, s)
 		t := &rep.Local
@@ -93,7 +112,8 @@ func Status(pairs []Pair, heads []mirror.Head, o mirror.Owner, host string, now 
 	rep.Local.Percent = percent(rep.Local.MirroredBytes, rep.Local.LocalBytes)
 	sort.SliceStable(rep.Sessions, func(i, j int) bool { return rep.Sessions[i].Path < rep.Sessions[j].Path })
 	m := &rep.Mirror
-	m.Tenant, m.Owner, m.Conversations = o.Tenant, o.Name, len(heads)
+	m.Tenant, m.Owner, m.Conversations = o.Tenant, o.Name, len(heads)+withoutHead
+	m.WithoutHead, m.BadHeads = withoutHead, len(sv.BadHeads)
 	hosts := map[string]bool{}
 	for _, h := range heads {
 		hosts[h.Host] = true
@@ -136,6 +156,9 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 		s.State, s.Detail = StateError, f.Err.Error()
 	case p.Head == nil && !f.HeaderOK:
 		s.State, s.Detail, s.LagSeconds = StateTorn, "the first line is not complete yet", sinceWrite
+	case p.Headless != nil:
+		s.State, s.Key = StateNoHead, p.Headless.Key
+		s.Detail = fmt.Sprintf("the stream holds %d lines of it, but no usable head (%s); pisync verify compares the file with them", p.Headless.Messages, p.Headless.Reason)
 	case p.Head == nil:
 		s.State, s.LagSeconds = StateNotMirrored, sinceWrite
 	case p.Head.Bytes > complete:

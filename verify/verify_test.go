@@ -115,15 +115,15 @@ func TestStatusStates(t *testing.T) {
 		lag   float64
 		pct   float64
 	}{
-		{"synced", Pair{file(100, 0), head(100)}, StateSynced, 0, 100},
-		{"pending", Pair{file(150, 0), head(100)}, StatePending, 3600, 100 * 100.0 / 150},
-		{"torn", Pair{file(120, 20), head(100)}, StateTorn, 3600, 100 * 100.0 / 120},
-		{"pending and torn", Pair{file(170, 20), head(100)}, StatePending, 3600, 100 * 100.0 / 170},
-		{"shorter than the mirror", Pair{file(80, 0), head(100)}, StateError, 0, 100},
-		{"unreadable", Pair{&LocalFile{Path: "/r/y.jsonl", Err: os.ErrPermission}, nil}, StateError, 0, 0},
-		{"not mirrored", Pair{file(100, 0), nil}, StateNotMirrored, 60, 0},
-		{"first line torn", Pair{&LocalFile{Path: "/r/z.jsonl", Size: 10, Torn: 10, ModTime: now}, nil}, StateTorn, 0, 0},
-		{"local file missing", Pair{nil, head(100)}, StateMissing, 0, 100},
+		{"synced", Pair{File: file(100, 0), Head: head(100)}, StateSynced, 0, 100},
+		{"pending", Pair{File: file(150, 0), Head: head(100)}, StatePending, 3600, 100 * 100.0 / 150},
+		{"torn", Pair{File: file(120, 20), Head: head(100)}, StateTorn, 3600, 100 * 100.0 / 120},
+		{"pending and torn", Pair{File: file(170, 20), Head: head(100)}, StatePending, 3600, 100 * 100.0 / 170},
+		{"shorter than the mirror", Pair{File: file(80, 0), Head: head(100)}, StateError, 0, 100},
+		{"unreadable", Pair{File: &LocalFile{Path: "/r/y.jsonl", Err: os.ErrPermission}, Head: nil}, StateError, 0, 0},
+		{"not mirrored", Pair{File: file(100, 0), Head: nil}, StateNotMirrored, 60, 0},
+		{"first line torn", Pair{File: &LocalFile{Path: "/r/z.jsonl", Size: 10, Torn: 10, ModTime: now}, Head: nil}, StateTorn, 0, 0},
+		{"local file missing", Pair{File: nil, Head: head(100)}, StateMissing, 0, 100},
 	}
 	var pairs []Pair
 	for _, tc := range cases {
@@ -134,7 +134,7 @@ func TestStatusStates(t *testing.T) {
 		pairs = append(pairs, tc.pair)
 	}
 	o, _ := mirror.NewOwner("t1", "alice")
-	rep := Status(pairs, []mirror.Head{*head(100), {Host: "h2", Bytes: 50, Entries: 2, LocalDeleted: true}}, o, "h1", now)
+	rep := Status(Surveyed{Pairs: pairs, Heads: []mirror.Head{*head(100), {Host: "h2", Bytes: 50, Entries: 2, LocalDeleted: true}}}, o, "h1", now)
 	if rep.Local.Sessions != len(cases) || rep.Local.States[StateError] != 2 || rep.Local.MaxLagSeconds != 3600 {
 		t.Errorf("host totals %+v", rep.Local)
 	}
@@ -169,10 +169,11 @@ func TestSurvey(t *testing.T) {
 	mirrortest.WriteFile(t, filepath.Join(root, "notes.jsonl"), []byte("{\"hello\":1}\n")) // not a session
 	mirrortest.WriteFile(t, filepath.Join(root, "--new--", "fresh.jsonl"), []byte(`{"type":"session","version":3,"id":"fresh","timestamp":"t","cwd":"/new"}`+"\n"))
 
-	pairs, all, err := Survey(mirrortest.Ctx(t), tm.Reader, []string{root}, "testhost")
+	sv, err := Survey(mirrortest.Ctx(t), tm.Reader, []string{root}, "testhost")
 	if err != nil {
 		t.Fatal(err)
 	}
+	pairs, all := sv.Pairs, sv.Heads
 	if len(all) != 4 {
 		t.Fatalf("%d heads", len(all))
 	}

@@ -80,6 +80,13 @@ func (l *listFlag) get() []string {
 	return l.values
 }
 
+// registerRoots declares --root as every command has it: repeatable, PISYNC_ROOT a
+// ':'-separated list, the Pi CLI's root by default. what says what the roots are for.
+func registerRoots(fs *flag.FlagSet, roots *listFlag, what string) {
+	roots.defaults = []string{filepath.Join(homeDir(), ".pi", "agent", "sessions")}
+	fs.Var(roots, "root", what+" (repeatable; PISYNC_ROOT takes a ':'-separated list)")
+}
+
 // parseFlags parses args, then the environment, and refuses stray arguments.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {

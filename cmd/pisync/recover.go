@@ -29,6 +29,7 @@ type recoverFlags struct {
 	conn     connFlags
 	convs    listFlag
 	all      bool
+	roots    listFlag
 	out      string
 	gen      int
 	dryRun   bool
@@ -42,7 +43,8 @@ func (f *recoverFlags) register(fs *flag.FlagSet) {
 	f.conn.register(fs)
 	fs.Var(&f.convs, "conversation", "conversation id to recover (repeatable; PISYNC_CONVERSATION takes a ':'-separated list)")
 	fs.BoolVar(&f.all, "all", false, "recover every conversation of the tenant and owner")
-	fs.StringVar(&f.out, "out", "", "rebuild under this directory in Pi's layout (--<cwd>--/<time>_<id>.jsonl); default: the original root and path")
+	registerRoots(fs, &f.roots, "session root to write under, as for pisync run: without --out, a conversation the mirror places elsewhere is refused")
+	fs.StringVar(&f.out, "out", "", "rebuild under this directory in Pi's layout (--<cwd>--/<time>_<id>.jsonl); default: the original root and path, under a --root")
 	fs.IntVar(&f.gen, "generation", 0, "generation to rebuild (0: the newest)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check everything, write nothing")
 	fs.BoolVar(&f.force, "force", false, "overwrite differing files and accept a head mismatch (never a file holding lines the mirror lacks)")
@@ -82,16 +84,21 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
+	warnBadHeads(stderr, sel.BadHeads)
+	var warnings []string
+	for _, b := range sel.BadHeads {
+		warnings = append(warnings, b.Warning())
+	}
 	if len(sel.Keys) == 0 {
 		fmt.Fprintf(stderr, "pisync: the mirror holds no conversation of tenant %q, owner %q\n", owner.Tenant, owner.Name)
 		if f.jsonOut {
-			return writeJSON(stdout, recoverDoc{Conversations: []recovery.Report{}, DryRun: f.dryRun})
+			return writeJSON(stdout, recoverDoc{Conversations: []recovery.Report{}, DryRun: f.dryRun, Warnings: warnings})
 		}
 		return nil
 	}
 
-	opts := recovery.Options{Out: f.out, Generation: f.gen, DryRun: f.dryRun, Force: f.force,
-		DropRaw: f.dropRaw, Parallel: f.parallel}
+	opts := recovery.Options{Out: f.out, Roots: absRoots(f.roots.get()), Generation: f.gen, DryRun: f.dryRun,
+		Force: f.force, DropRaw: f.dropRaw, Parallel: f.parallel}
 	var bar *progressbar.ProgressBar
 	if isTerminal(stderr) && len(sel.Keys) > progressMin {
 		bar = progressbar.NewOptions(len(sel.Keys), progressbar.OptionSetWriter(stderr),
@@ -110,7 +117,7 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	sum := recovery.Summarize(reports)
 	switch {
 	case f.jsonOut:
-		if err := writeJSON(stdout, recoverDoc{Conversations: reports, Summary: sum, DryRun: f.dryRun}); err != nil {
+		if err := writeJSON(stdout, recoverDoc{Conversations: reports, Summary: sum, DryRun: f.dryRun, Warnings: warnings}); err != nil {
 			return err
 		}
 	default:
@@ -135,6 +142,7 @@ type recoverDoc struct {
 	Conversations []recovery.Report `json:"conversations"`
 	Summary       recovery.Summary  `json:"summary"`
 	DryRun        bool              `json:"dry_run"`
+	Warnings      []string          `json:"warnings,omitempty"` // heads that do not decode
 }
 
 // printReport writes one conversation's outcome: a line, then indented details.

@@ -9,13 +9,18 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/verify"
 )
 
 // treeOf maps each session file under root (relative path) to its content.
@@ -82,7 +87,7 @@ func TestRecoverAllIntoDeletedTree(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
+	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice", "--root", root}
 
 	var stdout, stderr bytes.Buffer
 	if err := RecoverCommand(ctx, append(conn, "--all"), &stdout, &stderr); err != nil {
@@ -169,4 +174,178 @@ func TestRecoverUsage(t *testing.T) {
 			t.Errorf("%q: exit code %d", args, code)
 		}
 	}
+}
+
+// TestCommandsWithoutHeads: a conversation whose head was never written and one whose
+// head does not decode are neither hidden nor allowed to stop the others. status shows
+// their files as no-head and warns of the bad head by its key; verify compares their
+// files with the stream and fails for the bad head; recover --all lists them from the
+// stream: with --out it writes them, without it refuses them (no recorded place) and
+// exits non-zero. A head placing files outside --root is refused, in the text and
+// --json reports, with a non-zero exit code.
+func TestCommandsWithoutHeads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	srv := natstest.Run(t)
+	root := filepath.Join(t.TempDir(), "sessions")
+	files := writeSessions(t, rng, root, 4, 5)
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	nc := natstest.Connect(t, srv.URL())
+	allMirrored(t, newReader(t, nc, "t1", "alice"), root, 60*time.Second)
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, mirror.DefaultNames().HeadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := mirror.NewOwner("t1", "alice")
+	headKey := func(f *sessiontest.File) string {
+		c, _ := mirror.NewConv(owner, f.ID)
+		return c.HeadKey()
+	}
+	missing, bad := files[1], files[2]
+	if err := kv.Delete(ctx, headKey(missing)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, headKey(bad), []byte("{not json")); err != nil {
+		t.Fatal(err)
+	}
+	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
+	survey := append(append([]string{}, conn...), "--root", root)
+
+	t.Run("status", func(t *testing.T) {
+		rep, stderr := statusJSON(t, ctx, survey)
+		for _, s := range rep.Sessions {
+			want := verify.StateSynced
+			if s.Path == missing.Path || s.Path == bad.Path {
+				want = verify.StateNoHead
+			}
+			if s.State != want {
+				t.Errorf("%s: %s (%s), want %s", filepath.Base(s.Path), s.State, s.Detail, want)
+			}
+		}
+		if m := rep.Mirror; len(rep.Sessions) != 4 || m.Conversations != 4 || m.WithoutHead != 2 || m.BadHeads != 1 {
+			t.Errorf("%d sessions; mirror totals %+v", len(rep.Sessions), m)
+		}
+		if !strings.Contains(stderr, headKey(bad)) || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], headKey(bad)) {
+			t.Errorf("the bad head is not named: stderr %q, warnings %q", stderr, rep.Warnings)
+		}
+	})
+
+	t.Run("verify", func(t *testing.T) {
+		doc, err := verifyJSON(t, ctx, survey)
+		if !errors.Is(err, errSilent) {
+			t.Fatalf("verify with a head that does not decode: %v, want a failure", err)
+		}
+		for _, f := range doc.Files {
+			if f.Result != verifyOK || ((f.Path == missing.Path || f.Path == bad.Path) != (f.Key != "")) {
+				t.Errorf("%+v", f)
+			}
+		}
+		if len(doc.Files) != 4 || len(doc.Warnings) != 1 || !strings.Contains(doc.Warnings[0], headKey(bad)) {
+			t.Errorf("%d files, warnings %q", len(doc.Files), doc.Warnings)
+		}
+	})
+
+	want := treeOf(t, root)
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("status and verify with the files gone", func(t *testing.T) {
+		rep, _ := statusJSON(t, ctx, survey)
+		var keys []string
+		for _, h := range rep.Headless {
+			keys = append(keys, h.Key)
+		}
+		if fmt.Sprint(keys) != fmt.Sprint(sortedIDs(missing.ID, bad.ID)) || rep.Mirror.Conversations != 4 {
+			t.Errorf("conversations without a head %v, totals %+v", keys, rep.Mirror)
+		}
+		var stdout, stderr bytes.Buffer
+		if err := StatusCommand(ctx, survey, &stdout, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{"2 without a usable head", "conversation " + missing.ID + ": 6 lines in the stream, no usable head (the heads bucket has no head for it)",
+			"conversation " + bad.ID + ": 6 lines in the stream, no usable head (undecodable head"} {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("status lacks %q:\n%s", w, stdout.String())
+			}
+		}
+		doc, _ := verifyJSON(t, ctx, survey)
+		if doc.Summary[verifyNoHead] != 2 || doc.Summary[verifyMissing] != 2 {
+			t.Errorf("verify summary %v", doc.Summary)
+		}
+		stdout.Reset()
+		_ = VerifyCommand(ctx, survey, &stdout, &stderr)
+		for _, w := range []string{"no-head       conversation " + missing.ID, "2 conversations without a usable head, 1 heads that do not decode"} {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("verify lacks %q:\n%s", w, stdout.String())
+			}
+		}
+	})
+
+	t.Run("recover into the roots", func(t *testing.T) {
+		var stdout, stderr bytes.Buffer
+		err := RecoverCommand(ctx, append(survey, "--all"), &stdout, &stderr)
+		if !errors.Is(err, errSilent) {
+			t.Fatalf("recover --all with conversations it cannot place: %v, want a failure\n%s", err, stdout.String())
+		}
+		text := stdout.String()
+		for _, w := range []string{"refused   " + missing.ID, "refused   " + bad.ID, "the mirror does not record the file's root",
+			"4 conversations: 2 written, 0 unchanged, 0 dry-run, 2 refused"} {
+			if !strings.Contains(text, w) {
+				t.Errorf("output lacks %q:\n%s", w, text)
+			}
+		}
+		if !strings.Contains(stderr.String(), "warning: head "+headKey(bad)) {
+			t.Errorf("stderr does not name the bad head:\n%s", stderr.String())
+		}
+	})
+
+	t.Run("recover with --out", func(t *testing.T) {
+		out := t.TempDir()
+		doc := recoverJSON(t, exitOK, append(conn, "--all", "--out", out)...)
+		if doc.Summary.Written != 4 || len(doc.Warnings) != 1 || !strings.Contains(doc.Warnings[0], headKey(bad)) {
+			t.Errorf("summary %+v, warnings %q", doc.Summary, doc.Warnings)
+		}
+		sameTree(t, treeOf(t, out), want)
+	})
+
+	t.Run("recover outside the roots", func(t *testing.T) {
+		if err := os.RemoveAll(root); err != nil {
+			t.Fatal(err)
+		}
+		other := filepath.Join(t.TempDir(), "other")
+		args := append(append([]string{}, conn...), "--root", other, "--conversation", files[0].ID)
+		doc := recoverJSON(t, exitFail, args...)
+		if r := doc.Conversations[0]; r.Result != recovery.Refused || !strings.Contains(r.Reason, "outside the roots") ||
+			!strings.Contains(r.Reason, root) || !strings.Contains(r.Reason, "--root") {
+			t.Errorf("%s: %s", r.Result, r.Reason)
+		}
+		var stdout, stderr bytes.Buffer
+		if err := RecoverCommand(ctx, args, &stdout, &stderr); !errors.Is(err, errSilent) || !strings.Contains(stdout.String(), "outside the roots") {
+			t.Errorf("text report: %v\n%s", err, stdout.String())
+		}
+		t.Setenv("PISYNC_ROOT", other+string(filepath.ListSeparator)+root)
+		doc = recoverJSON(t, exitOK, append(append([]string{}, conn...), "--conversation", files[0].ID)...)
+		if r := doc.Conversations[0]; r.Result != recovery.Written {
+			t.Errorf("with its root in PISYNC_ROOT: %s: %s", r.Result, r.Reason)
+		}
+		for _, p := range []string{other, filepath.Dir(other)} {
+			if entries, _ := os.ReadDir(p); len(entries) > 1 || (p == other && len(entries) > 0) {
+				t.Errorf("%s: written into %v", p, entries)
+			}
+		}
+	})
+}
+
+func sortedIDs(ids ...string) []string {
+	sort.Strings(ids)
+	return ids
 }

@@ -49,8 +49,7 @@ type runFlags struct {
 
 func (f *runFlags) register(fs *flag.FlagSet) {
 	f.conn.register(fs)
-	f.roots.defaults = []string{filepath.Join(homeDir(), ".pi", "agent", "sessions")}
-	fs.Var(&f.roots, "root", "session root to watch, recursively (repeatable; PISYNC_ROOT takes a ':'-separated list)")
+	registerRoots(fs, &f.roots, "session root to watch, recursively")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:9470", "HTTP address of /metrics, /healthz, /readyz and the status page (empty: off)")
 	host, _ := os.Hostname()
 	fs.StringVar(&f.host, "host", host, "host name recorded with every mirrored line")

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/verify"
 )
 
@@ -25,8 +25,7 @@ type surveyFlags struct {
 
 func (f *surveyFlags) register(fs *flag.FlagSet) {
 	f.conn.register(fs)
-	f.roots.defaults = []string{filepath.Join(homeDir(), ".pi", "agent", "sessions")}
-	fs.Var(&f.roots, "root", "session root the daemon watches (repeatable; PISYNC_ROOT takes a ':'-separated list)")
+	registerRoots(fs, &f.roots, "session root the daemon watches")
 	host, _ := os.Hostname()
 	fs.StringVar(&f.host, "host", host, "host name the daemon records (as for pisync run)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print JSON for scripts")
@@ -48,11 +47,12 @@ func StatusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer closeMirror()
-	pairs, heads, err := verify.Survey(ctx, m, f.roots.get(), f.host)
+	sv, err := verify.Survey(ctx, m, f.roots.get(), f.host)
 	if err != nil {
 		return err
 	}
-	rep := verify.Status(pairs, heads, owner, f.host, time.Now().UTC())
+	warnBadHeads(stderr, sv.BadHeads)
+	rep := verify.Status(sv, owner, f.host, time.Now().UTC())
 	if f.jsonOut {
 		return writeJSON(stdout, rep)
 	}
@@ -85,10 +85,24 @@ func printStatus(w io.Writer, rep verify.StatusReport) {
 	mt := rep.Mirror
 	fmt.Fprintf(w, "mirror, tenant %s, owner %s, every host: %d conversations from %d hosts, %d lines, %s; %d deleted locally",
 		mt.Tenant, mt.Owner, mt.Conversations, mt.Hosts, mt.Entries, humanBytes(mt.Bytes), mt.LocalDeleted)
+	if mt.WithoutHead > 0 {
+		fmt.Fprintf(w, "; %d without a usable head", mt.WithoutHead)
+	}
 	if !mt.UpdatedAt.IsZero() {
 		fmt.Fprintf(w, "; last update %s", mt.UpdatedAt.Format(time.RFC3339))
 	}
 	fmt.Fprintln(w)
+	for _, h := range rep.Headless {
+		fmt.Fprintf(w, "  conversation %s: %d lines in the stream, no usable head (%s)\n", h.Key, h.Messages, h.Reason)
+	}
+}
+
+// warnBadHeads tells of each value of the heads bucket that does not decode, naming its
+// key: the conversation is listed without it.
+func warnBadHeads(stderr io.Writer, bad []mirror.BadHead) {
+	for _, b := range bad {
+		fmt.Fprintf(stderr, "pisync: warning: %s\n", b.Warning())
+	}
 }
 
 func humanBytes(n int64) string {

@@ -70,13 +70,7 @@ func TestStatusAndVerifyStates(t *testing.T) {
 
 	t.Run("status", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
-		if err := StatusCommand(ctx, append(args, "--json"), &stdout, &stderr); err != nil {
-			t.Fatalf("%v\n%s", err, stderr.String())
-		}
-		var rep verify.StatusReport
-		if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-			t.Fatalf("%v\n%s", err, stdout.String())
-		}
+		rep, _ := statusJSON(t, ctx, args)
 		want := map[string]verify.State{
 			synced.Path: verify.StateSynced, pending.Path: verify.StatePending, torn.Path: verify.StateTorn,
 			deleted.Path: verify.StateMissing, drifted.Path: verify.StateError, fresh.Path: verify.StateNotMirrored,
@@ -117,13 +111,9 @@ func TestStatusAndVerifyStates(t *testing.T) {
 
 	t.Run("verify", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
-		err := VerifyCommand(ctx, append(args, "--json"), &stdout, &stderr)
+		doc, err := verifyJSON(t, ctx, args)
 		if !errors.Is(err, errSilent) {
 			t.Fatalf("verify with a drifted file: %v, want a failure", err)
-		}
-		var doc verifyDoc
-		if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil {
-			t.Fatalf("%v\n%s", err, stdout.String())
 		}
 		got := map[string]verifyFile{}
 		for _, f := range doc.Files {
@@ -170,4 +160,31 @@ func joinTestLines(lines [][]byte) []byte {
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
+}
+
+// verifyJSON runs `pisync verify --json` and decodes its output.
+func verifyJSON(t *testing.T, ctx context.Context, args []string) (verifyDoc, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := VerifyCommand(ctx, append(args, "--json"), &stdout, &stderr)
+	var doc verifyDoc
+	if jerr := json.Unmarshal(stdout.Bytes(), &doc); jerr != nil {
+		t.Fatalf("%v\n%s%s", jerr, stdout.String(), stderr.String())
+	}
+	return doc, err
+}
+
+// statusJSON runs `pisync status --json`, decodes its output and returns it with what
+// the command wrote on stderr.
+func statusJSON(t *testing.T, ctx context.Context, args []string) (verify.StatusReport, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if err := StatusCommand(ctx, append(args, "--json"), &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var rep verify.StatusReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	return rep, stderr.String()
 }

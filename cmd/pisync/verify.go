@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
 	"github.com/pisync/pisync/verify"
 )
@@ -19,25 +20,33 @@ const (
 	verifyNotMirrored = "not-mirrored"  // the mirror has no copy yet
 	verifyMissing     = "local-missing" // mirrored from this host; the local file is gone
 	verifyError       = "error"
+	// A conversation of the stream without a usable head that no local file carries
+	// (a file that carries one is compared with it).
+	verifyNoHead = "no-head"
 )
 
-// verifyFile is the outcome of one file in verify's output.
+// verifyFile is the outcome of one file (or, for no-head, one conversation of the mirror)
+// in verify's output.
 type verifyFile struct {
-	Path   string        `json:"path"`
+	Path   string        `json:"path,omitempty"`
+	Key    string        `json:"key,omitempty"` // the conversation compared with, when it has no usable head
 	Result string        `json:"result"`
+	Detail string        `json:"detail,omitempty"`
 	Error  string        `json:"error,omitempty"`
 	Drift  *verify.Drift `json:"drift,omitempty"`
 }
 
 // verifyDoc is verify's --json output.
 type verifyDoc struct {
-	Files   []verifyFile   `json:"files"`
-	Summary map[string]int `json:"summary"`
+	Files    []verifyFile   `json:"files"`
+	Summary  map[string]int `json:"summary"`
+	Warnings []string       `json:"warnings,omitempty"` // heads that do not decode
 }
 
 // VerifyCommand compares each local session file with its mirror copy, line by line by
-// digest, and reports every drift (missing, extra, changed, order). It returns errSilent
-// when any file drifted or could not be compared.
+// digest, and reports every drift (missing, extra, changed, order), and the conversations
+// of the stream without a usable head. It returns errSilent when any file drifted or
+// could not be compared, or a head does not decode.
 func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f surveyFlags
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
@@ -51,12 +60,25 @@ func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer closeMirror()
-	pairs, _, err := verify.Survey(ctx, m, f.roots.get(), f.host)
+	sv, err := verify.Survey(ctx, m, f.roots.get(), f.host)
 	if err != nil {
 		return err
 	}
+	warnBadHeads(stderr, sv.BadHeads)
 	doc := verifyDoc{Files: []verifyFile{}, Summary: map[string]int{}}
-	for _, p := range pairs {
+	for _, b := range sv.BadHeads {
+		doc.Warnings = append(doc.Warnings, b.Warning())
+	}
+	for _, h := range sv.Headless {
+		vf := verifyFile{Key: h.Key, Result: verifyNoHead,
+			Detail: fmt.Sprintf("%d lines in the stream, no usable head (%s); no local file carries its id", h.Messages, h.Reason)}
+		doc.Files = append(doc.Files, vf)
+		doc.Summary[vf.Result]++
+		if !f.jsonOut {
+			printVerify(stdout, vf)
+		}
+	}
+	for _, p := range sv.Pairs {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("interrupted: %w", err)
 		}
@@ -72,10 +94,15 @@ func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "%d files: %d ok, %d drifted, %d not mirrored, %d local missing, %d errors\n", len(doc.Files),
-			doc.Summary[verifyOK], doc.Summary[verifyDrift], doc.Summary[verifyNotMirrored], doc.Summary[verifyMissing], doc.Summary[verifyError])
+		fmt.Fprintf(stdout, "%d files: %d ok, %d drifted, %d not mirrored, %d local missing, %d errors",
+			len(doc.Files)-doc.Summary[verifyNoHead], doc.Summary[verifyOK], doc.Summary[verifyDrift], doc.Summary[verifyNotMirrored],
+			doc.Summary[verifyMissing], doc.Summary[verifyError])
+		if n := doc.Summary[verifyNoHead] + len(sv.BadHeads); n > 0 {
+			fmt.Fprintf(stdout, "; %d conversations without a usable head, %d heads that do not decode", doc.Summary[verifyNoHead], len(sv.BadHeads))
+		}
+		fmt.Fprintln(stdout)
 	}
-	if doc.Summary[verifyDrift] > 0 || doc.Summary[verifyError] > 0 {
+	if doc.Summary[verifyDrift] > 0 || doc.Summary[verifyError] > 0 || len(sv.BadHeads) > 0 {
 		return errSilent
 	}
 	return nil
@@ -87,14 +114,21 @@ func verifyOne(ctx context.Context, m recovery.Mirror, p verify.Pair) verifyFile
 		return verifyFile{Path: filepath.Join(p.Head.Root, filepath.FromSlash(p.Head.Source)), Result: verifyMissing}
 	case p.File.Err != nil:
 		return verifyFile{Path: p.File.Path, Result: verifyError, Error: p.File.Err.Error()}
-	case p.Head == nil:
+	case p.Head == nil && p.Headless == nil:
 		return verifyFile{Path: p.File.Path, Result: verifyNotMirrored}
 	}
-	d, err := verify.Verify(ctx, m, p.File.Path, *p.Head)
-	if err != nil {
-		return verifyFile{Path: p.File.Path, Result: verifyError, Error: err.Error()}
+	head, vf := p.Head, verifyFile{Path: p.File.Path, Result: verifyOK}
+	if head == nil {
+		head = &mirror.Head{Key: p.Headless.Key}
+		vf.Key = p.Headless.Key
+		vf.Detail = fmt.Sprintf("compared with conversation %s of the stream, which has no usable head (%s)", p.Headless.Key, p.Headless.Reason)
 	}
-	vf := verifyFile{Path: p.File.Path, Result: verifyOK, Drift: &d}
+	d, err := verify.Verify(ctx, m, p.File.Path, *head)
+	if err != nil {
+		vf.Result, vf.Error = verifyError, err.Error()
+		return vf
+	}
+	vf.Drift = &d
 	if d.Drifted() {
 		vf.Result = verifyDrift
 	}
@@ -104,6 +138,9 @@ func verifyOne(ctx context.Context, m recovery.Mirror, p verify.Pair) verifyFile
 // printVerify writes one file's outcome and, for drift, each difference.
 func printVerify(w io.Writer, vf verifyFile) {
 	line := fmt.Sprintf("%-13s %s", vf.Result, vf.Path)
+	if vf.Path == "" {
+		line = fmt.Sprintf("%-13s conversation %s", vf.Result, vf.Key)
+	}
 	if d := vf.Drift; d != nil {
 		var facts []string
 		facts = append(facts, fmt.Sprintf("generation %d", d.Generation), fmt.Sprintf("%d lines", d.LocalLines))
@@ -126,6 +163,9 @@ func printVerify(w io.Writer, vf verifyFile) {
 		line += ": " + vf.Error
 	}
 	fmt.Fprintln(w, line)
+	if vf.Detail != "" {
+		fmt.Fprintf(w, "              %s\n", vf.Detail)
+	}
 	if vf.Drift == nil {
 		return
 	}
