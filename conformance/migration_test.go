@@ -128,7 +128,7 @@ func TestV1Migration(t *testing.T) {
 	if err := os.RemoveAll(root); err != nil {
 		t.Fatal(err)
 	}
-	reports := recoverJSON(t, srv.URL(), "--all").byConversation()
+	reports := recoverJSON(t, srv.URL(), append([]string{"--all"}, rootArgs(root)...)...).byConversation()
 	out1 := filepath.Join(base, "generation1")
 	args := []string{"--generation", "1", "--out", out1}
 	for _, f := range files {

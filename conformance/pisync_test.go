@@ -225,6 +225,15 @@ func recoverJSON(t *testing.T, url string, args ...string) recoverDoc {
 	return doc
 }
 
+// rootArgs passes the daemon's roots to recover, which writes in place only under them.
+func rootArgs(roots ...string) []string {
+	var args []string
+	for _, r := range roots {
+		args = append(args, "--root", r)
+	}
+	return args
+}
+
 // byConversation indexes reports by conversation id.
 func (d recoverDoc) byConversation() map[string]recovery.Report {
 	m := map[string]recovery.Report{}

@@ -102,7 +102,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	doc := recoverJSON(t, srv.URL(), "--all")
+	doc := recoverJSON(t, srv.URL(), append([]string{"--all"}, rootArgs(roots...)...)...)
 	sw.lap("recovered")
 	if len(doc.Conversations) != len(files) {
 		t.Errorf("recover --all rebuilt %d conversations, Pi wrote %d", len(doc.Conversations), len(files))
@@ -139,10 +139,7 @@ func TestRoundTrip(t *testing.T) {
 		})
 	}
 
-	verifyArgs := []string{"verify", "--nats", srv.URL(), "--tenant", tenant, "--owner", owner, "--json"}
-	for _, r := range roots {
-		verifyArgs = append(verifyArgs, "--root", r)
-	}
+	verifyArgs := append([]string{"verify", "--nats", srv.URL(), "--tenant", tenant, "--owner", owner, "--json"}, rootArgs(roots...)...)
 	if out, errOut, code := pisync(t, verifyArgs...); code != 0 {
 		var doc struct {
 			Files []struct {

@@ -150,7 +150,7 @@ func daemonFlags(t *testing.T) map[string]bool {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no sources in ../cmd/pisync: %v", err)
 	}
-	re := regexp.MustCompile(`fs\.[A-Za-z0-9]+\(&[^,]+,\s*"([a-z0-9-]+)"`)
+	re := regexp.MustCompile(`fs\.[A-Za-z0-9]+\(&?[^,]+,\s*"([a-z0-9-]+)"`)
 	flags := map[string]bool{}
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {
