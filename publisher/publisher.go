@@ -80,6 +80,9 @@ type Publisher struct {
 	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
+	// Files inside Open: the keys they claimed are theirs before their state is registered.
+	opening   map[watcher.FileID]int
+	openingAt map[watcher.FileID]string // their paths, for log lines
 	// Deleted files are forgotten once their last state is recorded (see forgetGone), so
 	// that a daemon running for months holds no state for files removed long ago.
 	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
@@ -124,7 +127,8 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		files:   map[watcher.FileID]*fileState{},
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
-		byConv:    map[string]watcher.FileID{},
+		byConv:  map[string]watcher.FileID{},
+		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 	}
 	if p.m.state == nil {

@@ -41,6 +41,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		}
 		return watcher.Start{Skip: true}, nil
 	}
+	p.beginOpen(f)
+	defer p.endOpen(f)
 	if why != watcher.Discovered {
 		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
 	}
@@ -137,27 +139,86 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 // claimKey returns the key this file mirrors under: the conversation id, unless another
 // local file already carries it (a copied session), in which case a key derived from this
 // file's path, so that neither overwrites the other.
+//
+// A claim stays live from the moment its file claims it, through the rest of its Open
+// (resume can take a while, and its state is registered only at the end), for as long
+// as its state carries the key. Files with one id found in the same scan are opened by
+// several workers at once: a claim whose state is not registered yet is not stale, or
+// both files would mirror under one key. The file system is consulted (vanished) without
+// the global lock, and the claim decided again if it changed meanwhile.
 func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string {
+	for {
+		p.mu.Lock()
+		owner, taken := p.byConv[key]
+		if !taken || owner == f.ID {
+			p.byConv[key] = f.ID
+			p.mu.Unlock()
+			return key
+		}
+		other, live := p.files[owner], p.opening[owner] > 0
+		var otherFile watcher.File
+		if !live && other != nil {
+			other.mu.Lock()
+			live = other.conv.Key == key && !other.gone && !other.skipped
+			otherFile = other.file
+			other.mu.Unlock()
+			if live {
+				// The claim is stale when its file is no longer at its path, or when its
+				// inode number now belongs to another session (inode numbers are reused
+				// quickly after a rewrite): the watcher reports Gone only later.
+				p.mu.Unlock()
+				gone := vanished(otherFile)
+				p.mu.Lock()
+				if p.byConv[key] != owner || p.files[owner] != other {
+					p.mu.Unlock()
+					continue // changed while we looked: decide again
+				}
+				live = !gone
+			}
+		}
+		if !live {
+			p.byConv[key] = f.ID
+			p.mu.Unlock()
+			return key
+		}
+		sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
+		alt := key + "~" + hex.EncodeToString(sum[:4])
+		p.byConv[alt] = f.ID
+		p.mu.Unlock()
+		p.m.clashes.Inc()
+		otherPath := otherFile.Path
+		if otherPath == "" {
+			otherPath = p.openingPath(owner)
+		}
+		log.Warn("two local files carry one conversation id; mirroring this one under its own key",
+			zap.String("conversation", key), zap.String("key", alt), zap.String("other", otherPath))
+		return alt
+	}
+}
+
+// beginOpen marks f as being opened: a conversation key it claims stays its own until
+// endOpen, although its state is registered only at the end of Open.
+func (p *Publisher) beginOpen(f watcher.File) {
+	p.mu.Lock()
+	p.opening[f.ID]++
+	p.openingAt[f.ID] = f.Path
+	p.mu.Unlock()
+}
+
+func (p *Publisher) endOpen(f watcher.File) {
+	p.mu.Lock()
+	if p.opening[f.ID]--; p.opening[f.ID] <= 0 {
+		delete(p.opening, f.ID)
+		delete(p.openingAt, f.ID)
+	}
+	p.mu.Unlock()
+}
+
+// openingPath is the path of a file being opened, for log lines.
+func (p *Publisher) openingPath(id watcher.FileID) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	owner, taken := p.byConv[key]
-	if !taken || owner == f.ID {
-		p.byConv[key] = f.ID
-		return key
-	}
-	// The claim is stale when its file is gone, or when its inode number now belongs to
-	// another session (inode numbers are reused quickly after a rewrite).
-	if other, ok := p.files[owner]; !ok || other.conv.Key != key || other.gone || other.skipped || vanished(other.file) {
-		p.byConv[key] = f.ID
-		return key
-	}
-	sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
-	alt := key + "~" + hex.EncodeToString(sum[:4])
-	p.m.clashes.Inc()
-	log.Warn("two local files carry one conversation id; mirroring this one under its own key",
-		zap.String("conversation", key), zap.String("key", alt), zap.String("other", p.files[owner].file.Path))
-	p.byConv[alt] = f.ID
-	return alt
+	return p.openingAt[id]
 }
 
 // retireReplaced forgets the file that used to be at f's path under another identity

@@ -1,0 +1,129 @@
+package publisher
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/watcher"
+)
+
+// TestClashingPairsFoundTogetherBothMirrored pins issue 13 item 11 (guarantee 9): a v1
+// session and its copy migrated to v3 carry one header id under two file names. Found in
+// the same first scan, both must be mirrored (under two keys) and the clash counted, in
+// whatever order and interleaving the watcher's workers open them. Each round starts a
+// fresh publisher on many such pairs whose names sort in a random order, with more
+// workers than cores, so that the openings of a pair overlap.
+func TestClashingPairsFoundTogetherBothMirrored(t *testing.T) {
+	const rounds, pairs = 6, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	rng := rand.New(rand.NewPCG(11, 13))
+	for round := range rounds {
+		root := t.TempDir()
+		var files []*sessiontest.File
+		for range pairs {
+			v1 := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV1)
+			v3 := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+			v3.ID = v1.ID // the migrated copy keeps the id; its name is its own
+			pair := []*sessiontest.File{v1, v3}
+			rng.Shuffle(len(pair), func(i, j int) { pair[i], pair[j] = pair[j], pair[i] })
+			for _, f := range pair {
+				if err := f.Append(f.HeaderLine("/home/dev/p"), f.Entry(300), f.Entry(400), f.Entry(200)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			files = append(files, pair...)
+		}
+		store := openStore(t, t.TempDir())
+		p := startPublisher(t, ctx, srv.URL(), store)
+		w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, Workers: 8, MoveGrace: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(wctx) }()
+		waitUntil(t, "every file mirrored", func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == len(files)
+		})
+		wcancel()
+		<-done
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = store.Close()
+		checkBothMirrored(t, ctx, p.reader, root, files, fmt.Sprintf("round %d", round))
+		if n := testutil.ToFloat64(p.m.clashes); n != pairs {
+			t.Errorf("round %d: clashes counted %v, want %d", round, n, pairs)
+		}
+		if n := testutil.ToFloat64(p.m.duplicates); n != 0 {
+			t.Errorf("round %d: %v publishes acknowledged as duplicates, want 0", round, n)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// checkBothMirrored checks that each file is the newest generation of its own
+// conversation key, byte for byte, and that no two files share a key.
+func checkBothMirrored(t *testing.T, ctx context.Context, r *mirror.Reader, root string, files []*sessiontest.File, what string) {
+	t.Helper()
+	heads, err := r.Heads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySource := map[string]mirror.Head{}
+	for _, h := range heads {
+		if h.Root == root {
+			bySource[h.Source] = h
+		}
+	}
+	keys := map[string]string{}
+	for _, f := range files {
+		rel, _ := filepath.Rel(root, f.Path)
+		h, ok := bySource[filepath.ToSlash(rel)]
+		if !ok {
+			t.Errorf("%s: %s has no head of its own", what, rel)
+			continue
+		}
+		if other, dup := keys[h.Key]; dup {
+			t.Errorf("%s: %s and %s mirrored under one key %s", what, rel, other, h.Key)
+		}
+		keys[h.Key] = rel
+		c, err := r.Conv(h.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := r.ReadGeneration(ctx, c, 0)
+		if err != nil {
+			t.Errorf("%s: %s: %v", what, rel, err)
+			continue
+		}
+		if g.Duplicates != 0 || len(g.Generations) != 1 {
+			t.Errorf("%s: %s: generations %v, %d duplicate ordinals", what, rel, g.Generations, g.Duplicates)
+		}
+		if len(g.Msgs) != len(f.Lines) {
+			t.Errorf("%s: %s: %d lines mirrored, want %d", what, rel, len(g.Msgs), len(f.Lines))
+			continue
+		}
+		for i, m := range g.Msgs {
+			if !bytes.Equal(m.Data, f.Lines[i]) {
+				t.Errorf("%s: %s line %d differs in the mirror", what, rel, i+1)
+				break
+			}
+		}
+	}
+}
