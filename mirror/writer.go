@@ -18,9 +18,17 @@ type Writer struct {
 	heads jetstream.KeyValue
 	blobs jetstream.ObjectStore
 
-	mu   sync.Mutex
-	revs map[string]uint64 // head key → last revision we wrote or read
+	mu      sync.Mutex
+	revs    map[string]uint64 // head key → last revision we wrote or read
+	maxRevs int
 }
+
+// DefaultMaxRevisions bounds the revisions a Writer remembers (about 100 bytes each).
+// They save a round trip per head update; a forgotten one costs two more (the create
+// fails, the head is read, then updated), so only heads idle long enough to be pushed
+// out pay it, while a daemon that has seen a million conversations holds at most this
+// many.
+const DefaultMaxRevisions = 16384
 
 // NewWriter binds the heads and blobs buckets; they must have been provisioned.
 func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*Writer, error) {
@@ -32,7 +40,7 @@ func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*
 	if err != nil {
 		return nil, fmt.Errorf("bind object store %s: %w", n.BlobsBucket(), err)
 	}
-	return &Writer{names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}}, nil
+	return &Writer{names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}, maxRevs: DefaultMaxRevisions}, nil
 }
 
 // PutBlob stores the payload with digest sha256hex unless an object of that name exists
@@ -71,9 +79,7 @@ func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
 			newRev, err = w.heads.Create(ctx, key, val)
 		}
 		if err == nil {
-			w.mu.Lock()
-			w.revs[key] = newRev
-			w.mu.Unlock()
+			w.remember(key, newRev)
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
@@ -89,17 +95,26 @@ func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
 		if gerr != nil {
 			return fmt.Errorf("put head %s: %w", c.Key, gerr)
 		}
+		w.remember(key, e.Revision())
 		if cur, derr := DecodeHead(e.Value()); derr == nil && aheadOf(cur, h) {
-			w.mu.Lock()
-			w.revs[key] = e.Revision()
-			w.mu.Unlock()
 			return nil
 		}
-		w.mu.Lock()
-		w.revs[key] = e.Revision()
-		w.mu.Unlock()
 	}
 	return fmt.Errorf("put head %s: revision kept changing", c.Key)
+}
+
+// remember records the revision of key, forgetting another key when the map is full
+// (any one: map order is random, so no head is pushed out more often than others).
+func (w *Writer) remember(key string, rev uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.revs[key]; !ok && len(w.revs) >= w.maxRevs {
+		for k := range w.revs {
+			delete(w.revs, k)
+			break
+		}
+	}
+	w.revs[key] = rev
 }
 
 func aheadOf(a, b Head) bool {
