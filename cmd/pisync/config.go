@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/redact"
 )
 
 // envName is the variable that sets a flag: PISYNC_ and the flag name in upper case.
@@ -334,12 +336,12 @@ func checkURLs(urls string) error {
 		if _, err := url.Parse(full); err == nil {
 			continue
 		}
-		scheme, _, rest := splitUserinfo(full)
+		scheme, _, rest := redact.SplitUserinfo(full)
 		if _, err := url.Parse(scheme + rest); err != nil {
-			return fmt.Errorf("--nats %s: not a URL: %v", redactURL(u), errors.Unwrap(err))
+			return fmt.Errorf("--nats %s: not a URL: %v", redact.URL(u), errors.Unwrap(err))
 		}
 		// Without its credentials the URL parses: they are what is wrong.
-		return fmt.Errorf("--nats %s: the user or password is not escaped for a URL (%%→%%25, @→%%40, :→%%3A, /→%%2F); or use --nats-user and PISYNC_NATS_PASSWORD", redactURL(u))
+		return fmt.Errorf("--nats %s: the user or password is not escaped for a URL (%%→%%25, @→%%40, :→%%3A, /→%%2F); or use --nats-user and PISYNC_NATS_PASSWORD", redact.URL(u))
 	}
 	return nil
 }
@@ -347,7 +349,7 @@ func checkURLs(urls string) error {
 // urlCredentials reports whether any of the URLs carries a user, password or token.
 func urlCredentials(urls string) bool {
 	for _, u := range strings.Split(urls, ",") {
-		if _, userinfo, _ := splitUserinfo(strings.TrimSpace(u)); userinfo != "" {
+		if _, userinfo, _ := redact.SplitUserinfo(strings.TrimSpace(u)); userinfo != "" {
 			return true
 		}
 	}

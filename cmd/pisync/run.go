@@ -19,7 +19,9 @@ import (
 
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/publisher"
+	"github.com/pisync/pisync/redact"
 	"github.com/pisync/pisync/verify"
 	"github.com/pisync/pisync/watcher"
 )
@@ -149,7 +151,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 			return nil, err
 		}
 	}
-	nm := newNATSMetrics(d.reg)
+	nm := natsconn.NewMetrics(d.reg)
 	if d.nc, err = f.conn.connect(ctx, "pisync run "+f.host, 0, log, nm,
 		nats.CustomInboxPrefix(owner.InboxPrefix())); err != nil {
 		return nil, err
@@ -211,7 +213,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		releaseMemory(mctx, log)
 	}()
 	d.up.Store(true)
-	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redactURL(f.conn.url())),
+	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redact.URL(f.conn.url())),
 		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
 	d.scanDone = make(chan struct{})
 	go func() {

@@ -5,13 +5,15 @@ import (
 	_ "embed"
 	"encoding/base64"
 	"fmt"
-	"github.com/pisync/pisync/publisher"
 	"html/template"
 	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pisync/pisync/publisher"
+	"github.com/pisync/pisync/redact"
 )
 
 // statusDoc is what /status.json and the status page show.
@@ -151,7 +153,7 @@ func (rs *rootState) percents() {
 }
 
 func (d *daemon) natsStatus() natsStatus {
-	s := natsStatus{URL: redactURL(d.f.conn.url()), Embedded: d.f.conn.natsURL == "", State: "connecting"}
+	s := natsStatus{URL: redact.URL(d.f.conn.url()), Embedded: d.f.conn.natsURL == "", State: "connecting"}
 	if !d.up.Load() {
 		return s
 	}
