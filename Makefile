@@ -5,7 +5,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run build test deps check unit bench-smoke fuzz-smoke
+.PHONY: run build test deps check unit ts bench-smoke fuzz-smoke
 
 run:
 	$(GO) run ./cmd/pisync run
@@ -26,3 +26,10 @@ check:
 
 unit:
 	$(GO) test -race -timeout 20m $(PKGS)
+
+# The TypeScript package @pisync/pi-session-store: compile (tsc) and run its tests
+# (node --test) against a real nats-server and `pisync serve`, both built here.
+TS_DIR := clients/pi-session-store
+ts:
+	@command -v npm >/dev/null || { echo "ts: npm is not installed (.ci/install-deps installs it)"; exit 1; }
+	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test

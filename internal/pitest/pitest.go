@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,11 +159,13 @@ func Install(dir string) error {
 	return nil
 }
 
-// staleModules lists the direct dependencies of package.json that node_modules lacks, or
+// staleModules lists the direct dependencies (dev ones included: a package's tests and
+// build need them) of package.json that node_modules lacks, or
 // holds at another version than package-lock.json pins.
 func staleModules(dir string) ([]string, error) {
 	var pkg struct {
-		Dependencies map[string]string `json:"dependencies"`
+		Dependencies    map[string]string `json:"dependencies"`
+		DevDependencies map[string]string `json:"devDependencies"`
 	}
 	var lock struct {
 		Packages map[string]struct {
@@ -176,7 +179,12 @@ func staleModules(dir string) ([]string, error) {
 		return nil, err
 	}
 	var stale []string
-	for name := range pkg.Dependencies {
+	names := maps.Clone(pkg.Dependencies)
+	if names == nil {
+		names = map[string]string{}
+	}
+	maps.Copy(names, pkg.DevDependencies)
+	for name := range names {
 		want := lock.Packages["node_modules/"+name].Version
 		var got struct {
 			Version string `json:"version"`

@@ -1,0 +1,161 @@
+import { createHash } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import { RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
+import { StoreConflictError, StoreError } from "./errors.js";
+import {
+  InlineLimit,
+  PartSize,
+  subject,
+  type AppendReply,
+  type Op,
+  type OpenReply,
+  type PartReply,
+  type Reply,
+  type UploadReply,
+  type WireEntry,
+} from "./protocol.js";
+import type { Appender } from "./storage.js";
+
+/** ClientOptions tune how StoreClient talks to pisync serve. */
+export interface ClientOptions {
+  /** Subject prefix of the deployment (default "pisync"). */
+  prefix?: string;
+  /** Milliseconds one request waits for its reply (default 5000). */
+  timeoutMs?: number;
+  /**
+   * Attempts of one request when it gets no reply or `unavailable` (default 5). Every
+   * request is safe to send again: append is idempotent by entry id, create by header
+   * bytes, and reads have no effect.
+   */
+  attempts?: number;
+}
+
+/** OpenedEntries is what `open` read: the entries' lines in store order, and the head. */
+export interface Opened {
+  reply: OpenReply;
+  lines: string[];
+}
+
+/**
+ * StoreClient sends the requests of docs/store-protocol.md for one tenant and owner over a
+ * NATS connection, and turns failed replies into StoreErrors.
+ */
+export class StoreClient implements Appender {
+  readonly prefix: string;
+  private readonly timeoutMs: number;
+  private readonly attempts: number;
+
+  constructor(
+    readonly nc: NatsConnection,
+    readonly tenant: string,
+    readonly owner: string,
+    options: ClientOptions = {},
+  ) {
+    this.prefix = options.prefix ?? "pisync";
+    this.timeoutMs = options.timeoutMs ?? 5000;
+    this.attempts = Math.max(1, options.attempts ?? 5);
+  }
+
+  /**
+   * call sends body to op and returns the successful reply. No reply (timeout, no
+   * responders) and `unavailable` are retried with the same bytes, with backoff; any
+   * other error reply throws at once.
+   */
+  async call<T extends Reply>(op: Op, body: object): Promise<T> {
+    const subj = subject(this.prefix, this.tenant, this.owner, op);
+    const payload = JSON.stringify(body);
+    let last: StoreError | undefined;
+    for (let attempt = 0; attempt < this.attempts; attempt++) {
+      if (attempt > 0) await sleep(Math.min(1000, 25 * 2 ** attempt));
+      let reply: T;
+      try {
+        const msg = await this.nc.request(subj, payload, { timeout: this.timeoutMs });
+        reply = msg.json<T>();
+      } catch (err) {
+        if (!noReply(err)) throw err;
+        last = new StoreError("unavailable", `${op}: no reply from pisync serve on ${subj}: ${String(err)}`, err as Error);
+        continue;
+      }
+      if (reply.ok) return reply;
+      const e = reply.error ?? { code: "unavailable" as const, message: "reply without error" };
+      const message = `${op}: ${e.message ?? e.code}`;
+      if (e.code === "conflict") throw new StoreConflictError(message, e.head ?? null);
+      last = new StoreError(e.code, message);
+      if (e.code !== "unavailable") throw last;
+    }
+    throw last ?? new StoreError("unavailable", `${op}: no attempt made`);
+  }
+
+  async append(id: string, _entryId: string, line: string, expectedHead: string | null): Promise<string | null> {
+    const bytes = Buffer.from(line, "utf8");
+    let reply: AppendReply;
+    if (bytes.length <= InlineLimit) {
+      reply = await this.call<AppendReply>("append", { id, expectedHead, line });
+    } else {
+      const sha256 = createHash("sha256").update(bytes).digest("hex");
+      for (let offset = 0; offset < bytes.length; offset += PartSize) {
+        const data = bytes.subarray(offset, offset + PartSize).toString("base64");
+        await this.call<UploadReply>("append", { id, part: { sha256, size: bytes.length, offset, data } });
+      }
+      reply = await this.call<AppendReply>("append", { id, expectedHead, blob: { sha256, size: bytes.length } });
+    }
+    return reply.head;
+  }
+
+  /** open reads the current generation of conversation id, every entry's line in order. */
+  async open(id: string): Promise<Opened> {
+    const first = await this.call<OpenReply>("open", { id });
+    const lines: string[] = [];
+    let reply = first;
+    for (;;) {
+      for (const entry of reply.entries) lines.push(await this.line(id, first, entry));
+      if (!reply.next) break;
+      reply = await this.call<OpenReply>("open", {
+        id,
+        generation: first.generation,
+        lastSeq: first.lastSeq,
+        after: reply.next.after,
+      });
+    }
+    return { reply: first, lines };
+  }
+
+  private async line(id: string, snap: OpenReply, entry: WireEntry): Promise<string> {
+    if (entry.raw) {
+      throw new StoreError("invalid", `session ${id}: entry ${entry.ordinal} is not a JSON line (Pi's JSONL loader refuses such a session too)`);
+    }
+    if (entry.line !== undefined) return entry.line;
+    const parts: Buffer[] = [];
+    let offset = 0;
+    for (;;) {
+      const part = await this.call<PartReply>("open", {
+        id,
+        generation: snap.generation,
+        lastSeq: snap.lastSeq,
+        ordinal: entry.ordinal,
+        offset,
+      });
+      const data = Buffer.from(part.data, "base64");
+      parts.push(data);
+      offset += data.length;
+      if (part.eof) break;
+      if (data.length === 0) throw new StoreError("invalid", `session ${id}: entry ${entry.ordinal}: empty part before its end`);
+    }
+    const bytes = Buffer.concat(parts);
+    if (entry.sha256) {
+      const got = createHash("sha256").update(bytes).digest("hex");
+      if (got !== entry.sha256) {
+        throw new StoreError("invalid", `session ${id}: entry ${entry.ordinal}: sha256 ${got}, the store said ${entry.sha256}`);
+      }
+    }
+    return bytes.toString("utf8");
+  }
+}
+
+// noReply tells a request that got no answer (it may or may not have been served) from
+// one that failed for good.
+function noReply(err: unknown): boolean {
+  if (err instanceof TimeoutError) return true;
+  if (err instanceof RequestError) return err.isNoResponders() || err.cause instanceof TimeoutError;
+  return false;
+}
