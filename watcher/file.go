@@ -44,7 +44,6 @@ type fileState struct {
 	skipSize    int64
 	header      []byte
 	t           tail
-	fp          fingerprint
 	tornOff     int64
 	tornN       int64
 	file        File // as last given to the sink
@@ -181,13 +180,17 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			}
 			return
 		}
-		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prev: -1}
-		var fp fingerprint
+		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset}
 		if !st.Skip {
-			if err = checkStart(f, st, size); err == nil {
+			if err = checkStart(f, st, size); err == nil && st.Offset > 0 {
 				var n int64
-				fp, n, err = readFP(f, t, &lr.fpBuf)
+				t.last, n, err = lr.lineBefore(f, st.Offset)
 				w.addRead(n)
+			}
+			if errors.Is(err, errRewritten) {
+				s.current, s.pendingWhy = false, Truncated
+				w.again(s, err)
+				return
 			}
 			if err != nil {
 				w.fail(s, reasonBadStart, "open", err, true)
@@ -196,7 +199,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		}
 		s.announced, s.current, s.movePending = true, true, false
 		s.pendingWhy = Discovered
-		s.header, s.skip, s.skipSize, s.fp = hdr, st.Skip, size, fp
+		s.header, s.skip, s.skipSize = hdr, st.Skip, size
 		s.t = t
 		if st.Skip {
 			w.setState(s, stateSkipped)
@@ -210,7 +213,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 
-	from, ord := s.t.off, s.t.ord
+	ord := s.t.ord
 	n, err := lr.advance(f, &s.t, size, func(l Line) error {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -225,16 +228,15 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		w.lines.Add(delivered)
 		w.m.lines.Add(float64(delivered))
 	}
-	if s.t.off != from {
-		fp, n, fpErr := readFP(f, s.t, &lr.fpBuf)
-		w.addRead(n)
-		if s.fp = fp; fpErr != nil && err == nil {
-			err = fpErr
-		}
-	}
 	var se sinkError
 	switch {
 	case ctx.Err() != nil:
+		return
+	case errors.Is(err, errRewritten):
+		// Bytes already delivered, or read for the next line, changed under the read:
+		// nothing of the new content was delivered; it is opened again as a rewrite.
+		s.current, s.pendingWhy = false, Truncated
+		w.again(s, err)
 		return
 	case errors.Is(err, errShortRead):
 		w.again(s, err) // it shrank while being read: the next run says how

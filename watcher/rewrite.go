@@ -2,51 +2,107 @@ package watcher
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
-	"hash/maphash"
 	"io"
 )
 
-// Rewrite detection: a file is appended to, never rewritten, unless Pi migrates or
-// repairs it. What was delivered must therefore still be there on every run; when it is
-// not, the file is reopened as Truncated.
+// Rewrite detection. Pi appends to a session file and rewrites it whole only when it
+// migrates or repairs it: in place (open with truncation, then one write per entry) or,
+// in newer versions, by atomic rename (a new FileID: Replaced). What was delivered must
+// therefore still be there, byte for byte, every time the file is read; when it is not,
+// the file is reopened as Truncated, which the sink turns into a new generation.
+//
+// On every run (one per event or rescan) the watcher compares, on the descriptor it
+// reads with: the size with the delivered offset, the header line (up to 4 KiB), and the
+// digest of the whole last delivered line with its '\n'. Inside a run, the last
+// delivered line is checked again after every read that completes a line, before that
+// line is delivered, and a line assembled from several reads is read again in one pass.
+// So the cost per event is one read of the header and one of the last delivered line
+// (a few KiB for Pi's usual entries), plus, per 256 KiB read, one more read of the last
+// delivered line. A rewrite that keeps the header and the last delivered line but
+// changes an earlier line is found by the settled check (settle.go).
 
-// fpBytes is the size of each sample of a fingerprint.
-const fpBytes = 64
+// errRewritten means bytes already delivered (or read for the line being delivered)
+// changed while the file was being read: the file is reopened as Truncated.
+var errRewritten = errors.New("file rewritten while it was read")
 
-// fingerprint samples what was delivered last, to tell an append (the samples are
-// unchanged) from a rewrite of the same size or larger (they differ): the first bytes
-// of the last delivered line, where Pi puts the entry id, and the bytes just before the
-// next line to deliver. The samples are kept as hashes, not copies: every file, idle or
-// not, holds a fingerprint, and the two copies took a quarter of its watcher state. A
-// changed sample goes unnoticed with odds of 2^-64, and the seed, random per process,
-// keeps a rewrite from being shaped to collide.
-type fingerprint struct {
-	headOff int64 // offset of the last delivered line; -1 = unknown (resumed from a Start)
-	head    uint64
-	tail    uint64 // of the bytes ending at the next line to deliver, with the '\n' of the line before
-}
-
-var fpSeed = maphash.MakeSeed()
-
-// readFP takes the fingerprint of t in r, reading the samples into scratch.
-func readFP(r io.ReaderAt, t tail, scratch *[fpBytes]byte) (fp fingerprint, read int64, err error) {
-	fp.headOff = t.prev
-	if t.prev >= 0 && t.prev < t.off {
-		b := scratch[:min(t.off-t.prev, fpBytes)]
-		n, err := r.ReadAt(b, t.prev)
-		if read += int64(n); err != nil {
-			return fp, read, err
-		}
-		fp.head = maphash.Bytes(fpSeed, b)
+// checkLast reads the line last delivered (with its '\n') again and compares its digest.
+func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
+	if !last.ok {
+		return 0, nil
 	}
-	b := scratch[:min(t.off, fpBytes)]
-	n, err := r.ReadAt(b, t.off-int64(len(b)))
-	fp.tail = maphash.Bytes(fpSeed, b[:n])
-	return fp, read + int64(n), err
+	sum, n, err := lr.reread(r, last.off, last.len, nil)
+	if err != nil {
+		return n, err
+	}
+	if sum != last.sum {
+		return n, fmt.Errorf("%w: line at offset %d changed", errRewritten, last.off)
+	}
+	return n, nil
 }
 
-func (fp fingerprint) equal(o fingerprint) bool { return fp == o }
+// reread reads the line of length n at off again in one pass, with the '\n' that ends
+// it, and returns its digest. It fails with errRewritten when the pass finds a '\n'
+// inside the line, no '\n' after it, the file ending early, or bytes other than want
+// (when want is not nil).
+func (lr *lineReader) reread(r io.ReaderAt, off, n int64, want []byte) (uint64, int64, error) {
+	lr.h.Reset()
+	var read int64
+	for done := int64(0); done <= n; {
+		k := min(int64(len(lr.vbuf)), n+1-done)
+		b := lr.vbuf[:k]
+		got, err := r.ReadAt(b, off+done)
+		read += int64(got)
+		if got < len(b) {
+			if err == nil || errors.Is(err, io.EOF) {
+				return 0, read, fmt.Errorf("%w: line at offset %d is cut short", errRewritten, off)
+			}
+			return 0, read, err
+		}
+		body := b
+		if done+k > n {
+			body = b[:len(b)-1] // the '\n'
+			if b[len(b)-1] != '\n' {
+				return 0, read, fmt.Errorf("%w: line at offset %d no longer ends where it did", errRewritten, off)
+			}
+		}
+		if bytes.IndexByte(body, '\n') >= 0 {
+			return 0, read, fmt.Errorf("%w: line at offset %d split", errRewritten, off)
+		}
+		if want != nil && !bytes.Equal(body, want[done:done+int64(len(body))]) {
+			return 0, read, fmt.Errorf("%w: line at offset %d changed while it was read", errRewritten, off)
+		}
+		lr.h.Write(body)
+		done += k
+	}
+	return lr.h.Sum64(), read, nil
+}
+
+// lineBefore finds and digests the line that ends just before off (off > 0 is just
+// after a newline): the anchor of a tail resumed from a Start.
+func (lr *lineReader) lineBefore(r io.ReaderAt, off int64) (lineSum, int64, error) {
+	start, read := int64(0), int64(0)
+	for end := off - 1; end > 0; {
+		k := min(int64(len(lr.vbuf)), end)
+		b := lr.vbuf[:k]
+		got, err := r.ReadAt(b, end-k)
+		read += int64(got)
+		if got < len(b) {
+			if err == nil || errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%w: file shorter than offset %d", errRewritten, off)
+			}
+			return lineSum{}, read, err
+		}
+		if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+			start = end - k + int64(i) + 1
+			break
+		}
+		end -= k
+	}
+	sum, n, err := lr.reread(r, start, off-1-start, nil)
+	return lineSum{ok: true, off: start, len: off - 1 - start, sum: sum}, read + n, err
+}
 
 // checkStart verifies that a Start fits the file: within it, just after a newline.
 func checkStart(r io.ReaderAt, st Start, size int64) error {
@@ -70,7 +126,7 @@ func checkStart(r io.ReaderAt, st Start, size int64) error {
 const headerCheckBytes = 4096
 
 // sameContent reports whether what was delivered from s is still in the file: not
-// shorter, the same header, and the same bytes just before the next line to deliver.
+// shorter, the same header, and the same last delivered line where it was.
 func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size int64) bool {
 	ref := s.t.off
 	if s.skip {
@@ -99,10 +155,10 @@ func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size 
 			return false
 		}
 	}
-	if !s.skip && s.t.off > 0 {
-		fp, n, err := readFP(r, s.t, &lr.fpBuf)
+	if !s.skip {
+		n, err := lr.checkLast(r, s.t.last)
 		w.addRead(n)
-		if err != nil || !fp.equal(s.fp) {
+		if err != nil {
 			return false
 		}
 	}

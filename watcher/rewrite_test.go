@@ -1,11 +1,15 @@
 package watcher
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/pisync/pisync/internal/sessiontest"
 )
 
 // TestCopyTruncate covers a file rewritten in place (as Pi's migration of a v1 file
@@ -184,4 +188,78 @@ func TestNestedDirRenamed(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	h.noGone(t)
+}
+
+// TestRewriteDuringRead pins issue 13 item 1: a file rewritten in place (same inode,
+// same header, Pi's open-truncate-write) while the watcher reads it in small chunks.
+// Every delivered line must be a whole line of one content at its ordinal (never the
+// start of one content glued to the end of the other), the rewrite must be a Truncated
+// open, and the lines after that open must equal the new content.
+func TestRewriteDuringRead(t *testing.T) {
+	for _, at := range []int64{1, 2, 4} {
+		t.Run(fmt.Sprintf("rewrite at line %d", at), func(t *testing.T) {
+			root := t.TempDir()
+			p := filepath.Join(root, "s.jsonl")
+			old := session("glue-old", 6)
+			// Same header, other entries of other lengths: line boundaries move.
+			repl := []string{old[0]}
+			for i := 1; i <= 7; i++ {
+				repl = append(repl, fmt.Sprintf(`{"type":"message","id":"new%05d","parentId":null,"message":{"role":"assistant","content":"%s"}}`, i, strings.Repeat("x", 10*i)))
+			}
+			writeFile(t, p, joinLines(old...))
+			sink := newRecSink()
+			var once sync.Once
+			sink.line = func(f File, l Line) error {
+				if l.Ordinal == at {
+					once.Do(func() {
+						b := make([][]byte, len(repl))
+						for i, s := range repl {
+							b[i] = []byte(s)
+						}
+						if err := sessiontest.Rewrite(p, b); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+				return nil
+			}
+			h := start(t, sink, []string{root}, func(o *Options) { o.ReadBuffer = 64 })
+			h.ready(t)
+			waitFor(t, "the new content after a Truncated open", func() bool {
+				opens := sink.find("open", p)
+				if len(opens) < 2 || opens[len(opens)-1].why != Truncated {
+					return false
+				}
+				return len(sinceLastOpen(sink, p)) == len(repl)
+			})
+			if got := sinceLastOpen(sink, p); strings.Join(got, "\n") != strings.Join(repl, "\n") {
+				t.Fatalf("after the reopen: %q", got)
+			}
+			for _, c := range sink.find("line", p) {
+				o := c.line.Ord
+				if !(o < int64(len(old)) && c.line.Data == old[o]) && !(o < int64(len(repl)) && c.line.Data == repl[o]) {
+					t.Errorf("line %d is of neither content: %q", o, c.line.Data)
+				}
+			}
+		})
+	}
+}
+
+// sinceLastOpen returns the lines delivered for path after its last Open.
+func sinceLastOpen(s *recSink, path string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, c := range s.calls {
+		if c.f.Path != path {
+			continue
+		}
+		switch c.op {
+		case "open":
+			out = nil
+		case "line":
+			out = append(out, c.line.Data)
+		}
+	}
+	return out
 }

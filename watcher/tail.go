@@ -3,33 +3,53 @@ package watcher
 import (
 	"bytes"
 	"errors"
+	"hash/maphash"
 	"io"
 	"time"
 )
 
-// tail is the read position in one file: the next line to deliver and how far past it
-// the bytes are already known to hold no newline (a torn tail). Remembering scanned lets
-// a long line written in many pieces be scanned once instead of once per piece.
+// tail is the read position in one file: the next line to deliver, how far past it the
+// bytes are already known to hold no newline (a torn tail), and the last line delivered.
+// Remembering scanned lets a long line written in many pieces be scanned once instead of
+// once per piece.
 type tail struct {
-	off     int64 // offset of the next line to deliver
-	ord     int64 // its ordinal
-	scanned int64 // [off, scanned) holds no '\n'; scanned >= off
-	prev    int64 // offset of the last line delivered, -1 if unknown
+	off     int64   // offset of the next line to deliver
+	ord     int64   // its ordinal
+	scanned int64   // [off, scanned) holds no '\n'; scanned >= off
+	last    lineSum // the last line delivered (the rewrite anchor, see rewrite.go)
 }
+
+// lineSum is the digest of one delivered line. Every file, idle or not, holds one: a
+// hash rather than a copy of the bytes. A changed line goes unnoticed with odds of
+// 2^-64, and the seed, random per process, keeps a rewrite from being shaped to collide.
+type lineSum struct {
+	ok       bool  // a line was delivered (or found before a Start offset)
+	off, len int64 // its offset and length without the '\n'
+	sum      uint64
+}
+
+var sumSeed = maphash.MakeSeed()
 
 // lineReader splits a file into complete lines with bounded memory: one read buffer,
 // plus an accumulator (at most maxInline bytes) for a short line that straddles two
-// reads. A line longer than maxInline is scanned for its end without being kept.
+// reads, and a small buffer for the re-reads that check a line. A line longer than
+// maxInline is scanned for its end without being kept.
 type lineReader struct {
 	buf       []byte
 	acc       []byte
+	vbuf      []byte // re-reads (checks of delivered lines), so that buf keeps its chunk
 	maxInline int64
 	now       func() time.Time
-	fpBuf     [fpBytes]byte // samples of a fingerprint
+	h         maphash.Hash
 }
 
+// maxCheckBuf bounds the buffer of the re-reads.
+const maxCheckBuf = 64 << 10
+
 func newLineReader(bufSize int, maxInline int64) *lineReader {
-	return &lineReader{buf: make([]byte, bufSize), maxInline: maxInline, now: time.Now}
+	lr := &lineReader{buf: make([]byte, bufSize), vbuf: make([]byte, min(bufSize, maxCheckBuf)), maxInline: maxInline, now: time.Now}
+	lr.h.SetSeed(sumSeed)
+	return lr
 }
 
 // errShortRead means the file ended before the size given to advance (it shrank while
@@ -39,16 +59,23 @@ var errShortRead = errors.New("file shorter than its size")
 // advance reads r from t up to size, calls emit for every complete line in order, and
 // moves t past each line emit accepts. It returns the bytes read and the first error
 // of r or emit; after an error of emit, t points at the refused line.
+//
+// No line is delivered from bytes of two contents of the file. Before the first line
+// that ends in a read is delivered, the last line delivered is checked again on r after
+// that read (checkLast), so the read did not follow a rewrite; a line whose bytes came
+// from more than one read is read again in one pass and delivered only if that pass
+// agrees. Either check failing returns errRewritten.
 func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line) error) (int64, error) {
 	if t.scanned < t.off {
 		t.scanned = t.off
 	}
-	pos := t.off // next byte to read
-	big := false // the current line is longer than maxInline: its bytes are not kept
+	pos := t.off   // next byte to read
+	big := false   // the current line is longer than maxInline: its bytes are not kept
+	spans := false // the current line's bytes come from more than one read
 	lr.acc = lr.acc[:0]
 	if t.scanned-t.off > lr.maxInline {
 		// Only the end of this line is needed: resume the scan where the last one stopped.
-		pos, big = t.scanned, true
+		pos, big, spans = t.scanned, true, true
 	}
 	var read int64
 	for pos < size {
@@ -63,6 +90,7 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 			err = io.ErrUnexpectedEOF
 		}
 		chunk := lr.buf[:got]
+		checked := false // t.last was checked after this read
 		for len(chunk) > 0 {
 			i := bytes.IndexByte(chunk, '\n')
 			if i < 0 {
@@ -73,10 +101,20 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 						lr.acc = append(lr.acc, chunk...)
 					}
 				}
+				spans = true
 				pos += int64(len(chunk))
 				break
 			}
 			end := pos + int64(i) // offset of the '\n'
+			if !checked {
+				n, cerr := lr.checkLast(r, t.last)
+				read += n
+				if cerr != nil {
+					t.scanned = t.off
+					return read, cerr
+				}
+				checked = true
+			}
 			l := Line{Ordinal: t.ord, Offset: t.off, Len: end - t.off, Seen: seen}
 			if !big && l.Len <= lr.maxInline {
 				if len(lr.acc) == 0 {
@@ -86,14 +124,27 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 					l.Data = lr.acc
 				}
 			}
+			var sum uint64
+			if spans {
+				s, n, cerr := lr.reread(r, l.Offset, l.Len, l.Data)
+				read += n
+				if cerr != nil {
+					t.scanned = t.off
+					return read, cerr
+				}
+				sum = s
+			} else {
+				sum = maphash.Bytes(sumSeed, l.Data)
+			}
 			if err := emit(l); err != nil {
 				t.scanned = t.off
 				return read, err
 			}
-			t.off, t.ord, t.scanned, t.prev = end+1, t.ord+1, end+1, l.Offset
+			t.off, t.ord, t.scanned = end+1, t.ord+1, end+1
+			t.last = lineSum{ok: true, off: l.Offset, len: l.Len, sum: sum}
 			pos = end + 1
 			chunk = chunk[i+1:]
-			lr.acc, big = lr.acc[:0], false
+			lr.acc, big, spans = lr.acc[:0], false, false
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {

@@ -72,7 +72,9 @@ func New(opts Options) (*Watcher, error) {
 		states:    map[string]int{},
 	}
 	w.cond = sync.NewCond(&w.mu)
-	w.bufs.New = func() any { return &readBufs{buf: make([]byte, opts.ReadBuffer)} }
+	w.bufs.New = func() any {
+		return &readBufs{buf: make([]byte, opts.ReadBuffer), vbuf: make([]byte, min(opts.ReadBuffer, maxCheckBuf))}
+	}
 	for _, p := range opts.Roots {
 		w.roots = append(w.roots, &root{path: p})
 	}
@@ -158,19 +160,20 @@ func (w *Watcher) worker(ctx context.Context) {
 			return
 		}
 		b := w.bufs.Get().(*readBufs)
-		lr.buf, lr.acc = b.buf, b.acc[:0]
+		lr.buf, lr.acc, lr.vbuf = b.buf, b.acc[:0], b.vbuf
 		w.run(ctx, lr, s)
 		b.acc = lr.acc
-		lr.buf, lr.acc = nil, nil
+		lr.buf, lr.acc, lr.vbuf = nil, nil, nil
 		w.bufs.Put(b)
 		w.done(s)
 	}
 }
 
-// readBufs are a worker's read buffer and line accumulator, lent for one run. They are
+// readBufs are a worker's read buffer, line accumulator and re-read buffer (see
+// lineReader), lent for one run. They are
 // pooled rather than owned by the worker: while files are idle, the garbage collector
 // takes them back (up to 4 × 256 KiB, plus accumulators grown by long lines).
-type readBufs struct{ buf, acc []byte }
+type readBufs struct{ buf, acc, vbuf []byte }
 
 // scheduleLocked queues s for a worker unless it is queued already; a file being read
 // is marked dirty and queued again when its worker is done (one worker per file).

@@ -105,6 +105,22 @@ func (f *File) AppendSplit(line []byte, split int, between func()) error {
 	return nil
 }
 
+// Rewrite replaces the content of path in place the way Pi rewrites a whole file when it
+// migrates or branches it: open with truncation (same inode), then one write per line.
+func Rewrite(path string, lines [][]byte) error {
+	fh, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if _, err := fh.Write(append(append([]byte(nil), l...), '\n')); err != nil {
+			fh.Close()
+			return err
+		}
+	}
+	return fh.Close()
+}
+
 // AppendBytes appends b to path in one write, creating the file if needed.
 func AppendBytes(path string, b []byte) error {
 	fh, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
