@@ -128,6 +128,25 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 	return err
 }
 
+// LineAt returns the metadata of the message at stream sequence seq of conversation c
+// (ErrNotFound when c has none there). It reads through a consumer filtered on c's
+// subject, as Scan does, so that permissions fencing owners allow it.
+func (r *Reader) LineAt(ctx context.Context, c Conv, seq uint64) (Line, error) {
+	var found *Msg
+	errFound := errors.New("found")
+	err := r.Scan(ctx, c, ScanOptions{FromSeq: seq, HeadersOnly: true}, func(m Msg) error {
+		found = &m
+		return errFound
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return Line{}, err
+	}
+	if found == nil || found.Seq != seq {
+		return Line{}, fmt.Errorf("conversation %s sequence %d: %w", c.Key, seq, ErrNotFound)
+	}
+	return found.Line, nil
+}
+
 // ScanOwner calls fn for each message of every conversation of the reader's owner from
 // opts.FromSeq on, in stream order, up to the newest message at the time of the call,
 // with the key of its conversation. Messages that are not pisync lines are skipped.

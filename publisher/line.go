@@ -289,6 +289,18 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 		p.fail(st, err)
 		return
 	}
+	if ack.Duplicate && it.idMayRepeat() {
+		st.mu.Unlock()
+		repeated, err := p.repeatedID(st, it, ack.Sequence)
+		if err != nil {
+			p.fail(st, err)
+			return
+		}
+		if repeated {
+			return
+		}
+		st.mu.Lock()
+	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
 	slot := it.slot
 	it.slot = false

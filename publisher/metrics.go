@@ -24,6 +24,7 @@ type Metrics struct {
 	rewrites     *prometheus.CounterVec
 	generations  prometheus.Counter
 	clashes      prometheus.Counter
+	repeatedIDs  prometheus.Counter
 	headUpdates  *prometheus.CounterVec
 	resumeQuery  *prometheus.CounterVec
 	state        *stateCollector
@@ -98,6 +99,10 @@ func NewMetrics() *Metrics {
 			Name: "pisync_conversation_clashes_total",
 			Help: "Local files found carrying a conversation id that another local file already carries.",
 		}),
+		repeatedIDs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_repeated_entry_ids_total",
+			Help: "Lines whose entry id an earlier line of the same generation already carries, mirrored under their ordinal so that the server keeps them.",
+		}),
 		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_head_updates_total",
 			Help: "Writes to the heads bucket, by result (ok, error).",
@@ -130,7 +135,7 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
 		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.clashes, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.headUpdates, m.resumeQuery, m.tooLarge,
 		m.inflight, m.inflightB, m.lastAckUnix}
 	if m.state == nil {
 		m.state = &stateCollector{}

@@ -48,7 +48,7 @@ func (b *builder) run() {
 				b.rep.RawDropped = true
 			} else {
 				b.emit(l)
-				if l.Data == nil || !session.IsBlank(l.Data) {
+				if malformed(l) {
 					b.malformed++
 				}
 			}
@@ -76,8 +76,19 @@ func (b *builder) run() {
 	case b.malformed > 0:
 		b.rep.Notes = append(b.rep.Notes, fmt.Sprintf("%d raw line(s) written back where they were, %d of them malformed: Pi's harness refuses such a file (--drop-raw leaves them out)", b.rep.Raw, b.malformed))
 	case b.rep.Raw > 0:
-		b.rep.Notes = append(b.rep.Notes, fmt.Sprintf("%d blank line(s) written back where they were", b.rep.Raw))
+		b.rep.Notes = append(b.rep.Notes, fmt.Sprintf("%d raw line(s) written back where they were (blank, or entries repeating an earlier entry's id)", b.rep.Raw))
 	}
+}
+
+// malformed reports whether a raw line is one Pi's harness refuses: not blank, and not
+// an entry (the publisher mirrors an entry repeating an earlier id as raw, so that the
+// server keeps it).
+func malformed(l Line) bool {
+	if l.Data == nil || session.IsBlank(l.Data) {
+		return l.Data == nil
+	}
+	_, err := session.ScanEntry(l.Data)
+	return err != nil
 }
 
 func (b *builder) emit(l Line) {
