@@ -26,7 +26,17 @@ type Head struct {
 	Head         string    `json:"head"`                    // the leaf after the last mirrored line (DESIGN §1)
 	LocalDeleted bool      `json:"local_deleted,omitempty"` //
 	UpdatedAt    time.Time `json:"updated_at"`              //
+
+	// Written by the session store (DESIGN §8). Writer is WriterStore from the store's
+	// first write on: the daemon then no longer extends this generation.
+	Writer        string          `json:"writer,omitempty"`
+	CreatedAt     string          `json:"created_at,omitempty"`     // header timestamp
+	ParentSession string          `json:"parent_session,omitempty"` // header parentSession
+	Metadata      json.RawMessage `json:"metadata,omitempty"`       // header metadata, exact bytes
 }
+
+// WriterStore is Head.Writer of a conversation the session store writes.
+const WriterStore = "store"
 
 // ConvKey is the conversation's key in the mirror: Key, or the header id for a head
 // written before keys were recorded.

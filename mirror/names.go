@@ -138,3 +138,36 @@ func shorten(s string) string {
 	}
 	return fmt.Sprintf("%s…(%d bytes)", s[:keep], len(s))
 }
+
+// StoreSubject is the subject of one operation of the session store for owner o:
+// <prefix>.store.<tenant>.<owner>.<op> (docs/store-protocol.md).
+func (n Names) StoreSubject(o Owner, op string) string {
+	return n.lower + ".store." + o.tenant + "." + o.owner + "." + op
+}
+
+// StoreService is the subject the session store listens on for op, every owner's.
+func (n Names) StoreService(op string) string { return n.lower + ".store.*.*." + op }
+
+// StoreOwners matches every request to the session store of owner o: what o's NATS
+// user may publish.
+func (n Names) StoreOwners(o Owner) string {
+	return n.lower + ".store." + o.tenant + "." + o.owner + ".>"
+}
+
+// ParseStoreSubject reads the owner of a session store request subject.
+func (n Names) ParseStoreSubject(subject string) (Owner, string, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 5 || parts[0] != n.lower || parts[1] != "store" {
+		return Owner{}, "", fmt.Errorf("subject %q: not a store request", shorten(subject))
+	}
+	t, err := DecodeToken(parts[2])
+	if err != nil {
+		return Owner{}, "", fmt.Errorf("subject %q: tenant: %w", shorten(subject), err)
+	}
+	o, err := DecodeToken(parts[3])
+	if err != nil {
+		return Owner{}, "", fmt.Errorf("subject %q: owner: %w", shorten(subject), err)
+	}
+	owner, err := NewOwner(t, o)
+	return owner, parts[4], err
+}

@@ -31,19 +31,11 @@ type Reader struct {
 
 // NewReader binds the mirror's objects; they must have been provisioned.
 func NewReader(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*Reader, error) {
-	s, err := js.Stream(ctx, n.Stream())
+	b, err := Bind(ctx, js, n)
 	if err != nil {
-		return nil, fmt.Errorf("bind stream %s: %w", n.Stream(), err)
+		return nil, err
 	}
-	kv, err := js.KeyValue(ctx, n.HeadsBucket())
-	if err != nil {
-		return nil, fmt.Errorf("bind key-value bucket %s: %w", n.HeadsBucket(), err)
-	}
-	obj, err := js.ObjectStore(ctx, n.BlobsBucket())
-	if err != nil {
-		return nil, fmt.Errorf("bind object store %s: %w", n.BlobsBucket(), err)
-	}
-	return &Reader{js: js, names: n, owner: o, stream: s, heads: kv, blobs: obj}, nil
+	return b.Reader(o), nil
 }
 
 // Owner is the owner this reader is scoped to.

@@ -62,6 +62,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = RunCommand(ctx, args[1:], stdout, stderr)
 	case "recover":
 		err = RecoverCommand(ctx, args[1:], stdout, stderr)
+	case "serve":
+		err = ServeCommand(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = StatusCommand(ctx, args[1:], stdout, stderr)
 	case "verify":
@@ -106,6 +108,7 @@ Usage:
                  [--force] [--drop-raw] [--json] [--parallel N]
   pisync status [--root DIR]... [--host NAME] [--json]
   pisync verify [--root DIR]... [--host NAME] [--json]
+  pisync serve [--nats URL] [--http-addr HOST:PORT] [--prefix P] [--provision MODE]
   pisync version
 
 Every command reaches NATS with --nats URL (default: the embedded server on --nats-listen),

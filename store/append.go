@@ -1,0 +1,290 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+)
+
+// PartSize is the largest decoded part of an upload, and of a part read by open.
+const PartSize = 512 << 10
+
+// attempts bounds how often one request re-reads the stream after losing a race.
+const attempts = 5
+
+var shaPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func digest(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// Append adds one entry line (its exact bytes) to conversation id of owner o, after the
+// caller's leaf expected ("" for null), in DESIGN §8's order: owner → idempotency →
+// expected head → publish with the expected subject sequence → head.
+func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string, line []byte) (AppendReply, *Error) {
+	c, err := mirror.NewConv(o, id)
+	if err != nil {
+		return AppendReply{}, errorf(CodeNotFound, "conversation %q not found", id)
+	}
+	if int64(len(line)) > s.opts.MaxEntryBytes {
+		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", len(line), s.opts.MaxEntryBytes)
+		e.Limit = s.opts.MaxEntryBytes
+		return AppendReply{}, e
+	}
+	env, err := session.ScanEntry(line)
+	if err != nil {
+		return AppendReply{}, errorf(CodeInvalid, "line is not one JSON entry: %v", err)
+	}
+	if e := checkEnvelope(env); e != nil {
+		return AppendReply{}, e
+	}
+	sum := digest(line)
+	st := s.conv(c)
+	defer st.mu.Unlock()
+	// The cached state is trusted only to go ahead: a publish on a stale state fails on
+	// its expected sequence. Any other answer is given from a fresh read of the stream.
+	fresh := false
+	for attempt := 0; attempt < attempts; attempt++ {
+		if !st.loaded || !fresh && attempt > 0 {
+			if e := s.refresh(ctx, st, id); e != nil {
+				return AppendReply{}, e
+			}
+			fresh = true
+		}
+		rep, e := st.check(env, sum, expected)
+		if (rep != nil || e != nil) && !fresh {
+			if e := s.refresh(ctx, st, id); e != nil {
+				return AppendReply{}, e
+			}
+			fresh = true
+			rep, e = st.check(env, sum, expected)
+		}
+		if rep != nil || e != nil {
+			if e != nil && e.Code == CodeConflict {
+				s.m.conflicts.WithLabelValues(e.Reason).Inc()
+			}
+			return derefReply(rep), e
+		}
+		l := mirror.Line{Kind: mirror.KindEntry, EntryID: env.ID, ParentID: env.ParentID, EntryType: env.Type,
+			Ordinal: st.lastOrdinal + 1, Generation: st.gen, SHA256: sum, Format: string(session.FormatV3),
+			Host: s.opts.Host, Source: st.source}
+		ack, err := s.publish(ctx, c, l, line, st.subjSeq)
+		if err != nil {
+			if errors.Is(err, errBlob) {
+				return AppendReply{}, errorf(CodeUnavailable, "%v", err)
+			}
+			// Lost a race (wrong sequence), or possibly stored (timeout, disconnect):
+			// the stream says which on the next pass.
+			s.log.Debug("append: publish", zapConv(st), zapErr(err))
+			fresh = false
+			continue
+		}
+		if ack.Duplicate {
+			fresh = false
+			continue // stored before, within the duplicate window: read it back
+		}
+		st.subjSeq = ack.Sequence
+		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
+		st.writer = mirror.WriterStore
+		if err := s.saveHead(ctx, st); err != nil {
+			// The entry is stored; the next open or append repairs the head from the stream.
+			s.log.Warn("append: head not updated", zapConv(st), zapErr(err))
+		}
+		return AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}, nil
+	}
+	return AppendReply{}, errorf(CodeUnavailable, "conversation %s kept changing, or JetStream did not answer; retry", id)
+}
+
+// refresh brings st up to the stream.
+func (s *Store) refresh(ctx context.Context, st *conv, id string) *Error {
+	if err := s.load(ctx, st); errors.Is(err, errNoConv) {
+		return errorf(CodeNotFound, "conversation %q not found", id)
+	} else if err != nil {
+		return errorf(CodeUnavailable, "%v", err)
+	}
+	return nil
+}
+
+// check decides an append on st without writing: a reply (the entry is there already),
+// an error, or neither (go ahead).
+func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply, *Error) {
+	if ref, ok := st.ids[env.ID]; ok {
+		if ref.sha == sum {
+			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(st.head), Duplicate: true}, nil
+		}
+		return nil, conflict(ReasonEntryExists, st.head, "entry %s is already in the conversation with other bytes", env.ID)
+	}
+	if st.head != expected {
+		return nil, conflict(ReasonHead, st.head, "expected head %s, the head is %s", show(expected), show(st.head))
+	}
+	if _, ok := st.ids[env.ParentID]; env.ParentID != "" && !ok {
+		return nil, errorf(CodeInvalid, "parent %s of entry %s is not in the conversation", env.ParentID, env.ID)
+	}
+	if _, ok := st.ids[env.TargetID]; env.Type == "leaf" && env.TargetID != "" && !ok {
+		return nil, errorf(CodeInvalid, "target %s of leaf %s is not in the conversation", env.TargetID, env.ID)
+	}
+	return nil, nil
+}
+
+func derefReply(r *AppendReply) AppendReply {
+	if r == nil {
+		return AppendReply{}
+	}
+	return *r
+}
+
+// checkEnvelope applies Pi's checks of an entry line (parseEntryLine) and pisync's id rules.
+func checkEnvelope(env session.Envelope) *Error {
+	switch {
+	case env.Type == "" || env.Type == "session":
+		return errorf(CodeInvalid, "entry type %q", env.Type)
+	case env.ID == "" || !mirror.ValidEntryID(env.ID) || env.ID == mirror.HeaderEntryType:
+		return errorf(CodeInvalid, "entry id %q", env.ID)
+	case env.Timestamp == "":
+		return errorf(CodeInvalid, "entry %s has no timestamp", env.ID)
+	}
+	return nil
+}
+
+var errBlob = errors.New("blob")
+
+// publish stores one line under §2, as a blob when it is above the threshold, with the
+// subject's expected last sequence.
+func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line []byte, expectSeq uint64) (*jetstream.PubAck, error) {
+	body := line
+	if int64(len(line)) > s.opts.BlobThreshold {
+		uploaded, err := s.handles(c.Owner).writer.PutBlob(ctx, l.SHA256, bytes.NewReader(line))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errBlob, err)
+		}
+		if uploaded {
+			s.m.blobs.Inc()
+		}
+		l.Kind, l.BlobSize, body = mirror.KindBlob, int64(len(line)), nil
+	}
+	return s.js.PublishMsg(ctx, s.names.NewMsg(c, l, body), expectSubjectSeq(expectSeq))
+}
+
+func show(head string) string {
+	if head == "" {
+		return "null"
+	}
+	return strconv.Quote(head)
+}
+
+// partName is the object name of one uploaded part of a large entry.
+func partName(o mirror.Owner, sha string, offset int64) string {
+	return o.ObjectName(sha) + ".part." + strconv.FormatInt(offset, 10)
+}
+
+// Part stores one part of a large entry's upload.
+func (s *Store) Part(ctx context.Context, o mirror.Owner, id string, p partReq) (int64, *Error) {
+	switch {
+	case !shaPattern.MatchString(p.SHA256):
+		return 0, errorf(CodeInvalid, "part: sha256 %q is not 64 lower-case hex digits", p.SHA256)
+	case p.Size > s.opts.MaxEntryBytes:
+		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", p.Size, s.opts.MaxEntryBytes)
+		e.Limit = s.opts.MaxEntryBytes
+		return 0, e
+	case p.Offset < 0 || len(p.Data) == 0 || len(p.Data) > PartSize || p.Offset+int64(len(p.Data)) > p.Size:
+		return 0, errorf(CodeInvalid, "part at %d of %d bytes does not fit an entry of %d bytes (parts hold 1 to %d bytes)", p.Offset, len(p.Data), p.Size, PartSize)
+	}
+	if e := s.exists(ctx, o, id); e != nil {
+		return 0, e
+	}
+	if _, err := s.obj.Put(ctx, jetstream.ObjectMeta{Name: partName(o, p.SHA256, p.Offset)}, bytes.NewReader(p.Data)); err != nil {
+		return 0, errorf(CodeUnavailable, "store part: %v", err)
+	}
+	return p.Offset + int64(len(p.Data)), nil
+}
+
+// assemble reads back the parts of an upload (or the blob itself, when a retried append
+// finds it stored and its parts removed) and checks size and digest.
+func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]byte, []string, *Error) {
+	if !shaPattern.MatchString(ref.SHA256) || ref.Size <= 0 {
+		return nil, nil, errorf(CodeInvalid, "blob: sha256 %q, size %d", ref.SHA256, ref.Size)
+	}
+	if ref.Size > s.opts.MaxEntryBytes {
+		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", ref.Size, s.opts.MaxEntryBytes)
+		e.Limit = s.opts.MaxEntryBytes
+		return nil, nil, e
+	}
+	buf := make([]byte, 0, ref.Size)
+	var names []string
+	for int64(len(buf)) < ref.Size {
+		name := partName(o, ref.SHA256, int64(len(buf)))
+		b, err := s.obj.GetBytes(ctx, name)
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			if len(buf) == 0 {
+				if whole, e := s.storedBlob(ctx, o, ref.SHA256); e == nil && int64(len(whole)) == ref.Size {
+					return whole, nil, nil
+				}
+			}
+			return nil, nil, errorf(CodeNotFound, "part at %d of %s not uploaded", len(buf), ref.SHA256)
+		}
+		if err != nil || len(b) == 0 {
+			return nil, nil, errorf(CodeUnavailable, "read part %s: %v", name, err)
+		}
+		buf = append(buf, b...)
+		names = append(names, name)
+	}
+	if int64(len(buf)) != ref.Size || digest(buf) != ref.SHA256 {
+		return nil, nil, errorf(CodeInvalid, "the parts of %s are %d bytes with another digest", ref.SHA256, len(buf))
+	}
+	return buf, names, nil
+}
+
+func (s *Store) storedBlob(ctx context.Context, o mirror.Owner, sha string) ([]byte, error) {
+	r, err := s.handles(o).reader.Blob(ctx, sha)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(io.LimitReader(r, s.opts.MaxEntryBytes+1))
+}
+
+// AppendBlob appends an entry uploaded in parts.
+func (s *Store) AppendBlob(ctx context.Context, o mirror.Owner, id, expected string, ref blobRef) (AppendReply, *Error) {
+	if e := s.exists(ctx, o, id); e != nil {
+		return AppendReply{}, e
+	}
+	line, parts, e := s.assemble(ctx, o, ref)
+	if e != nil {
+		return AppendReply{}, e
+	}
+	rep, e := s.Append(ctx, o, id, expected, line)
+	if e == nil {
+		for _, name := range parts {
+			_ = s.obj.Delete(ctx, name) // the entry is stored; a part left over is only space
+		}
+	}
+	return rep, e
+}
+
+// exists answers not_found for a conversation the owner does not have.
+func (s *Store) exists(ctx context.Context, o mirror.Owner, id string) *Error {
+	c, err := mirror.NewConv(o, id)
+	if err != nil {
+		return errorf(CodeNotFound, "conversation %q not found", id)
+	}
+	st := s.conv(c)
+	defer st.mu.Unlock()
+	if err := s.load(ctx, st); errors.Is(err, errNoConv) {
+		return errorf(CodeNotFound, "conversation %q not found", id)
+	} else if err != nil {
+		return errorf(CodeUnavailable, "%v", err)
+	}
+	return nil
+}

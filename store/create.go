@@ -1,0 +1,139 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path"
+
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
+)
+
+// checkHeader applies the checks of Pi's parseHeaderLine to a v3 header line.
+func checkHeader(line []byte) (headerMeta, *Error) {
+	h, err := session.ParseHeader(line)
+	if err != nil {
+		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(line, &m); err != nil {
+		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
+	isString := func(k string) bool {
+		var s string
+		return json.Unmarshal(m[k], &s) == nil && m[k] != nil && string(m[k]) != "null"
+	}
+	switch {
+	case h.Version != 3:
+		return headerMeta{}, errorf(CodeInvalid, "header line: version %d, want 3", h.Version)
+	case !isString("timestamp") || h.Timestamp == "":
+		return headerMeta{}, errorf(CodeInvalid, "header line: missing timestamp")
+	case !isString("cwd") || h.Cwd == "":
+		return headerMeta{}, errorf(CodeInvalid, "header line: missing cwd")
+	case m["parentSession"] != nil && !isString("parentSession"):
+		return headerMeta{}, errorf(CodeInvalid, "header line: parentSession must be a string")
+	}
+	if md, ok := m["metadata"]; ok {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(md, &obj) != nil || obj == nil {
+			return headerMeta{}, errorf(CodeInvalid, "header line: metadata must be an object")
+		}
+	}
+	hm, err := parseHeaderMeta(line)
+	if err != nil {
+		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
+	return hm, nil
+}
+
+// sourcePath is where Pi's JSONL backend would put the file, relative to its root.
+func sourcePath(hm headerMeta) string {
+	return path.Join(session.DirName(hm.cwd), session.FileName(hm.createdAt, hm.id))
+}
+
+// Create starts a conversation with its header line. The same line again answers with
+// the original sequence; another line for an existing id is a conflict.
+func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64, Meta, *Error) {
+	hm, e := checkHeader(line)
+	if e != nil {
+		return 0, Meta{}, e
+	}
+	c, err := mirror.NewConv(o, hm.id)
+	if err != nil {
+		return 0, Meta{}, errorf(CodeInvalid, "session id %q: %v", hm.id, err)
+	}
+	st := s.conv(c)
+	defer st.mu.Unlock()
+	sum := digest(line)
+	for attempt := 0; attempt < attempts; attempt++ {
+		err := s.load(ctx, st)
+		switch {
+		case err == nil:
+			if st.headerSHA == sum && st.gen == 1 {
+				return st.headerSeq, s.meta(st), nil
+			}
+			s.m.conflicts.WithLabelValues(ReasonExists).Inc()
+			return 0, Meta{}, conflict(ReasonExists, st.head, "conversation %s exists", hm.id)
+		case !errors.Is(err, errNoConv):
+			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
+		}
+		l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
+			Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
+		ack, err := s.js.PublishMsg(ctx, s.names.NewMsg(c, l, line), expectSubjectSeq(0))
+		if err != nil || ack.Duplicate {
+			continue // created meanwhile, or possibly stored: the stream says which
+		}
+		st.loaded = false
+		if err := s.load(ctx, st); err != nil {
+			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
+		}
+		st.writer = mirror.WriterStore
+		if err := s.saveHead(ctx, st); err != nil {
+			s.log.Warn("create: head not written", zapConv(st), zapErr(err))
+		}
+		return ack.Sequence, s.meta(st), nil
+	}
+	return 0, Meta{}, errorf(CodeUnavailable, "conversation %s: JetStream did not answer; retry", hm.id)
+}
+
+// meta is the wire metadata of st.
+func (s *Store) meta(st *conv) Meta {
+	writer := "daemon"
+	if st.writer == mirror.WriterStore {
+		writer = mirror.WriterStore
+	}
+	id := st.meta.id
+	if id == "" {
+		id = st.c.Key
+	}
+	p := st.source
+	if st.kvHasHead && st.kvHead.Source != "" {
+		p = st.kvHead.Source
+	}
+	return Meta{ID: id, CreatedAt: st.meta.createdAt, Cwd: st.meta.cwd, ParentSessionPath: st.meta.parentSession,
+		Metadata: st.meta.metadata, Path: p, Writer: writer, Generation: st.gen, Entries: st.entries,
+		Head: headPtr(st.head), LastSeq: st.subjSeq}
+}
+
+// Delete removes a conversation's messages and head. Blobs are shared by digest and stay.
+func (s *Store) Delete(ctx context.Context, o mirror.Owner, id string) *Error {
+	c, err := mirror.NewConv(o, id)
+	if err != nil {
+		return errorf(CodeNotFound, "conversation %q not found", id)
+	}
+	st := s.conv(c)
+	defer st.mu.Unlock()
+	if e := s.refresh(ctx, st, id); e != nil {
+		return e
+	}
+	if err := s.bound.Stream.Purge(ctx, purgeSubject(s.names.Subject(c))); err != nil {
+		return errorf(CodeUnavailable, "delete %s: %v", id, err)
+	}
+	if err := s.kv.Delete(ctx, c.HeadKey()); err != nil && !isKeyNotFound(err) {
+		s.log.Warn("delete: head left", zapConv(st), zapErr(err))
+	}
+	st.loaded = false
+	s.forget(c)
+	return nil
+}

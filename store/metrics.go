@@ -1,0 +1,57 @@
+package store
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics of the session store. Labels are the operation, the reply code and the conflict
+// reason: never a tenant, owner or conversation.
+type Metrics struct {
+	requests  *prometheus.CounterVec
+	appendLat prometheus.Histogram
+	conflicts *prometheus.CounterVec
+	repairs   prometheus.Counter
+	blobs     prometheus.Counter
+	inflight  prometheus.Gauge
+}
+
+// NewMetrics declares the store's metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_requests_total",
+			Help: "Requests answered by the session store, by operation and reply code (ok, not_found, conflict, invalid, too_large, unavailable).",
+		}, []string{"op", "code"}),
+		appendLat: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pisync_store_append_seconds",
+			Help:    "Time from receiving an append to replying, successful appends only.",
+			Buckets: []float64{0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
+		}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_conflicts_total",
+			Help: "Conflict replies, by reason: head (the expected head was not the head), entry_exists (an entry id with other bytes), exists (create or fork of an existing id).",
+		}, []string{"reason"}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_store_head_repairs_total",
+			Help: "Heads rewritten from the stream because they were behind it (a replica stopped between publish and head update).",
+		}),
+		blobs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_store_blobs_total",
+			Help: "Entries above the blob threshold stored in the object store by the session store.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_store_requests_in_flight",
+			Help: "Requests the session store is working on.",
+		}),
+	}
+}
+
+// Register adds the metrics to r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

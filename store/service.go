@@ -1,0 +1,253 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"go.uber.org/zap"
+)
+
+// Service names of docs/store-protocol.md.
+const (
+	ServiceName     = "pisync-store"
+	QueueGroup      = "pisync-store"
+	ProtocolVersion = "1.0.0"
+)
+
+// requestTimeout bounds the work on one request; a client waiting longer retries anyway.
+const requestTimeout = 30 * time.Second
+
+// maxConcurrent bounds the requests one replica works on at once. micro delivers the
+// requests of an endpoint one after the other; each is handed to a goroutine so that a
+// slow conversation does not hold up the others.
+const maxConcurrent = 256
+
+// Service is the store answering on NATS.
+type Service struct {
+	svc    micro.Service
+	ctx    context.Context
+	cancel context.CancelFunc
+	sem    chan struct{}
+
+	mu      sync.Mutex // orders wg.Add before Stop's wg.Wait
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// Serve registers the store as the micro service pisync-store on nc and answers until
+// Stop.
+func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sv := &Service{ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxConcurrent)}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        ServiceName,
+		Version:     ProtocolVersion,
+		Description: "pisync session store (docs/store-protocol.md)",
+		QueueGroup:  QueueGroup,
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("add service %s: %w", ServiceName, err)
+	}
+	sv.svc = svc
+	for _, op := range Ops {
+		op := op
+		h := micro.HandlerFunc(func(r micro.Request) {
+			sv.mu.Lock()
+			if sv.stopped { // delivered while stopping: another replica answers the retry
+				sv.mu.Unlock()
+				return
+			}
+			sv.wg.Add(1)
+			sv.mu.Unlock()
+			sv.sem <- struct{}{}
+			go func() {
+				defer func() { <-sv.sem; sv.wg.Done() }()
+				s.handle(sv.ctx, op, r)
+			}()
+		})
+		if err := svc.AddEndpoint(op, h, micro.WithEndpointSubject(s.names.StoreService(op))); err != nil {
+			_ = svc.Stop()
+			cancel()
+			return nil, fmt.Errorf("add endpoint %s: %w", op, err)
+		}
+	}
+	// The subscriptions are in place on the server once this round trip is over: only
+	// then is the replica ready (a request before could find no responders).
+	if err := nc.Flush(); err != nil {
+		_ = sv.Stop()
+		return nil, fmt.Errorf("add service %s: %w", ServiceName, err)
+	}
+	return sv, nil
+}
+
+// Stop unsubscribes (draining what NATS delivered) and waits for the requests at work.
+func (sv *Service) Stop() error {
+	err := sv.svc.Stop()
+	sv.mu.Lock()
+	sv.stopped = true
+	sv.mu.Unlock()
+	sv.wg.Wait()
+	sv.cancel()
+	return err
+}
+
+// Stopped reports whether the service has stopped (the connection closed under it).
+func (sv *Service) Stopped() bool { return sv.svc.Stopped() }
+
+// handle answers one request.
+func (s *Store) handle(ctx context.Context, op string, r micro.Request) {
+	start := time.Now()
+	s.m.inflight.Inc()
+	defer s.m.inflight.Dec()
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	reply, e := s.dispatch(ctx, op, r)
+	code := CodeOK
+	if e != nil {
+		code = e.Code
+		body, _ := json.Marshal(struct {
+			OK    bool   `json:"ok"`
+			Error *Error `json:"error"`
+		}{false, e})
+		if err := r.Error(httpCode(e.Code), e.Message, body); err != nil {
+			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
+		}
+		if e.Code == CodeUnavailable {
+			s.log.Warn("request failed", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("error", e.Message))
+		}
+	} else {
+		body, err := json.Marshal(reply)
+		if err != nil {
+			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
+			return
+		}
+		if err := r.Respond(body); err != nil {
+			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
+		}
+		if op == "append" {
+			s.m.appendLat.Observe(time.Since(start).Seconds())
+		}
+	}
+	s.m.requests.WithLabelValues(op, code).Inc()
+}
+
+// okReply wraps a successful reply's fields with "ok": true.
+type okReply map[string]any
+
+func (s *Store) dispatch(ctx context.Context, op string, r micro.Request) (any, *Error) {
+	o, _, err := s.names.ParseStoreSubject(r.Subject())
+	if err != nil {
+		return nil, errorf(CodeInvalid, "%v", err)
+	}
+	decode := func(v any) *Error {
+		if err := json.Unmarshal(r.Data(), v); err != nil {
+			return errorf(CodeInvalid, "%s request: %v", op, err)
+		}
+		return nil
+	}
+	switch op {
+	case "create":
+		var req createReq
+		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		seq, meta, e := s.Create(ctx, o, []byte(req.Line))
+		if e != nil {
+			return nil, e
+		}
+		return okReply{"ok": true, "seq": seq, "meta": meta}, nil
+	case "list":
+		var req listReq
+		if len(r.Data()) > 0 {
+			if e := decode(&req); e != nil {
+				return nil, e
+			}
+		}
+		sessions, next, e := s.List(ctx, o, req)
+		if e != nil {
+			return nil, e
+		}
+		rep := okReply{"ok": true, "sessions": sessions}
+		if sessions == nil {
+			rep["sessions"] = []Meta{}
+		}
+		if next > 0 {
+			rep["next"] = next
+		}
+		return rep, nil
+	case "open":
+		var req openReq
+		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		if req.Ordinal != nil {
+			return s.OpenPart(ctx, o, req)
+		}
+		return s.Open(ctx, o, req)
+	case "append":
+		var req appendReq
+		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		if req.Part != nil {
+			received, e := s.Part(ctx, o, req.ID, *req.Part)
+			if e != nil {
+				return nil, e
+			}
+			return okReply{"ok": true, "received": received}, nil
+		}
+		expected, e := parseExpected(req.ExpectedHead)
+		if e != nil {
+			return nil, e
+		}
+		switch {
+		case req.Line != nil && req.Blob == nil:
+			return s.Append(ctx, o, req.ID, expected, []byte(*req.Line))
+		case req.Blob != nil && req.Line == nil:
+			return s.AppendBlob(ctx, o, req.ID, expected, *req.Blob)
+		}
+		return nil, errorf(CodeInvalid, "append: want one of line, blob or part")
+	case "fork":
+		var req forkReq
+		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		meta, e := s.Fork(ctx, o, req)
+		if e != nil {
+			return nil, e
+		}
+		return okReply{"ok": true, "seq": meta.LastSeq, "meta": meta}, nil
+	case "delete":
+		var req deleteReq
+		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		if e := s.Delete(ctx, o, req.ID); e != nil {
+			return nil, e
+		}
+		return okReply{"ok": true}, nil
+	}
+	return nil, errorf(CodeInvalid, "unknown operation %q", op)
+}
+
+// parseExpected reads expectedHead: a string, or null for no head. It is required, so
+// that a client cannot append without saying where.
+func parseExpected(raw json.RawMessage) (string, *Error) {
+	if len(raw) == 0 {
+		return "", errorf(CodeInvalid, "append: expectedHead is required (a string, or null)")
+	}
+	if string(raw) == "null" {
+		return "", nil
+	}
+	var h string
+	if err := json.Unmarshal(raw, &h); err != nil || h == "" {
+		return "", errorf(CodeInvalid, "append: expectedHead must be a non-empty string or null")
+	}
+	return h, nil
+}

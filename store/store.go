@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/mirror"
+)
+
+// Options configure a Store.
+type Options struct {
+	Host          string // Pisync-Host of the lines the store writes (default "pisync-store")
+	BlobThreshold int64  // lines above go to the object store (default 512 KiB, §2)
+	MaxEntryBytes int64  // largest entry accepted (default 64 MiB)
+	MaxPayload    int64  // the server's max_payload (default 1 MiB)
+	MaxConvs      int    // conversations whose state a replica caches (default 10,000)
+	Logger        *zap.Logger
+	Metrics       *Metrics // nil: counted on metrics registered nowhere
+}
+
+// Store is the session store of DESIGN §8 over the mirror. It holds no state of its own
+// that the stream does not hold: its caches are rebuilt from the stream whenever the
+// stream is ahead of them, so any number of replicas can serve the same conversations.
+type Store struct {
+	js    jetstream.JetStream
+	names mirror.Names
+	bound mirror.Bound
+	kv    jetstream.KeyValue
+	obj   jetstream.ObjectStore
+	opts  Options
+	log   *zap.Logger
+	m     *Metrics
+
+	mu     sync.Mutex
+	owners map[string]*ownerHandles // tenant.owner tokens → reader and writer
+	convs  map[string]*conv         // head key → state
+	opened *openCache
+}
+
+type ownerHandles struct {
+	reader *mirror.Reader
+	writer *mirror.Writer
+}
+
+// New binds a Store to the provisioned mirror.
+func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts Options) (*Store, error) {
+	if opts.Host == "" {
+		opts.Host = "pisync-store"
+	}
+	if opts.BlobThreshold <= 0 {
+		opts.BlobThreshold = 512 << 10
+	}
+	if opts.MaxEntryBytes <= 0 {
+		opts.MaxEntryBytes = 64 << 20
+	}
+	if opts.MaxPayload <= 0 {
+		opts.MaxPayload = 1 << 20
+	}
+	if opts.MaxConvs <= 0 {
+		opts.MaxConvs = 10000
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics()
+	}
+	bound, err := mirror.Bind(ctx, js, names)
+	if err != nil {
+		return nil, err
+	}
+	kv, obj := bound.Heads, bound.Blobs
+	return &Store{js: js, names: names, bound: bound, kv: kv, obj: obj, opts: opts, log: opts.Logger, m: opts.Metrics,
+		owners: map[string]*ownerHandles{}, convs: map[string]*conv{}, opened: newOpenCache(64 << 20)}, nil
+}
+
+// handles returns the mirror reader and writer of an owner, binding them on first use.
+// Binding costs a few API calls, so they are kept; their number is bounded by MaxConvs.
+func (s *Store) handles(o mirror.Owner) *ownerHandles {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := o.KeyPrefix()
+	if h, ok := s.owners[key]; ok {
+		return h
+	}
+	if len(s.owners) >= s.opts.MaxConvs {
+		for k := range s.owners {
+			delete(s.owners, k)
+			break
+		}
+	}
+	h := &ownerHandles{reader: s.bound.Reader(o), writer: s.bound.Writer(o)}
+	s.owners[key] = h
+	return h
+}
+
+// conv returns the cached state of a conversation, locked. The caller unlocks it.
+func (s *Store) conv(c mirror.Conv) *conv {
+	s.mu.Lock()
+	st, ok := s.convs[c.HeadKey()]
+	if !ok {
+		if len(s.convs) >= s.opts.MaxConvs {
+			for k, v := range s.convs {
+				if v.mu.TryLock() { // never evict a conversation in use
+					delete(s.convs, k)
+					v.mu.Unlock()
+					break
+				}
+			}
+		}
+		st = &conv{c: c}
+		s.convs[c.HeadKey()] = st
+	}
+	s.mu.Unlock()
+	st.mu.Lock()
+	return st
+}
+
+// forget drops a conversation's cached state (after delete).
+func (s *Store) forget(c mirror.Conv) {
+	s.mu.Lock()
+	delete(s.convs, c.HeadKey())
+	s.mu.Unlock()
+}
+
+func zapConv(c *conv) zap.Field { return zap.String("conversation", c.c.Key) }
+
+func zapErr(err error) zap.Field { return zap.Error(err) }
