@@ -1,6 +1,7 @@
 # pisync: the two commands of the README live here.
 #   make run    runs the daemon on the embedded JetStream
-#   make test   installs what the tests need, checks formatting and vet, runs every test with -race
+#   make test   installs what the tests need, checks formatting and vet, runs every test with -race,
+#               then the TypeScript client's tests (make ts)
 
 GO ?= go
 PKGS := ./...
@@ -13,7 +14,7 @@ run:
 build:
 	$(GO) build -o bin/pisync ./cmd/pisync
 
-test: deps check unit
+test: deps check unit ts
 
 # Everything the test suite needs on a fresh machine.
 deps:

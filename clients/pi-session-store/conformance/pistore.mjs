@@ -110,7 +110,7 @@ function jsonlRepo(root) {
 function natsRepo(flags) {
   return new NatsSessionRepo({
     servers: flags.servers, tenant: flags.tenant, owner: flags.owner, prefix: flags.prefix,
-    sessionsRoot: flags.root, timeoutMs: flags.timeoutMs,
+    sessionsRoot: flags.root, timeoutMs: flags.timeoutMs, attempts: flags.attempts || undefined,
   });
 }
 
@@ -343,6 +343,25 @@ async function race(flags) {
   }
 }
 
+// appender: create session --id and append --count messages, one after the other, each
+// acknowledged one printed as a line {"n":i,"id":...} at once (not the final JSON): the
+// Go test kills and restarts serve meanwhile, and the client's retries carry the appends
+// across. Ends with {"done":true,"entries":[ids read back through a fresh open]}.
+async function appender(flags) {
+  const repo = natsRepo(flags);
+  try {
+    const session = await repo.create({ id: flags.id, cwd: "/home/dev/appender" });
+    for (let n = 1; n <= flags.count; n++) {
+      const id = await session.appendMessage(n % 2 ? user(`message ${n}`) : assistant(`answer ${n}`));
+      process.stdout.write(JSON.stringify({ n, id }) + "\n");
+    }
+    const reread = await repo.open(await session.getMetadata());
+    return { done: true, entries: (await reread.getEntries()).map((e) => e.id), head: await reread.getLeafId() };
+  } finally {
+    await repo.close();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Command line
 
@@ -350,9 +369,9 @@ const OPTIONS = {
   backend: { type: "string" }, root: { type: "string" }, servers: { type: "string" }, prefix: { type: "string", default: "pisync" },
   tenant: { type: "string", default: "default" }, owner: { type: "string", default: "alice" }, id: { type: "string" },
   path: { type: "string" }, out: { type: "string" }, append: { type: "string", default: "0" }, timeoutMs: { type: "string", default: "5000" },
-  count: { type: "string", default: "0" }, entries: { type: "string", default: "0" },
+  count: { type: "string", default: "0" }, entries: { type: "string", default: "0" }, attempts: { type: "string", default: "0" },
 };
-const NUMBERS = ["append", "timeoutMs", "count", "entries"];
+const NUMBERS = ["append", "timeoutMs", "count", "entries", "attempts"];
 
 function parseFlags(args) {
   const { values } = parseArgs({ args, options: OPTIONS, strict: true });
@@ -371,6 +390,7 @@ const commands = {
   "open-nats": openNats,
   "dump-jsonl": dumpJsonl,
   race,
+  appender,
 };
 
 async function main() {
