@@ -3,6 +3,7 @@ package conformance
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/pitest"
@@ -387,4 +389,68 @@ func lineDiff(a, b []byte) string {
 		}
 	}
 	return fmt.Sprintf("%d lines vs %d", len(al), len(bl))
+}
+
+// oneWriterRule says whether the daemon side of DESIGN §8's one-writer rule has landed
+// (`pisync run` mirrors lines appended to a local file after the store took the
+// conversation over as a new generation). Until then TestStoreLocalAppendsAfterCutOver
+// skips; set it to true in the commit that lands the rule.
+const oneWriterRule = false
+
+// TestStoreLocalAppendsAfterCutOver: the daemon keeps running while a runtime continues a
+// mirrored session through the store; lines Pi then still appends to the old local file
+// are mirrored as a new generation of that file, never into the store's generation, which
+// the store keeps serving and extending.
+func TestStoreLocalAppendsAfterCutOver(t *testing.T) {
+	if !oneWriterRule {
+		t.Skip("the daemon side of the one-writer rule (DESIGN §8) has not landed: pisync run still appends a local file's new lines to the generation the store writes")
+	}
+	t.Parallel()
+	pi := pitest.New(t)
+	ps, srv := storeSetup(t)
+	base := t.TempDir()
+	root := filepath.Join(base, "sessions")
+	ev := pi.StartLive(t, root, pitest.LiveOptions{Count: 4, Cwd: "/home/dev/cutover"}).Wait(t)
+	path, id := ev[0].Path, ev[0].ConversationID
+	d := startDaemon(t, srv.URL(), filepath.Join(base, "state"), root)
+	mc := newMirrorClient(t, srv.URL())
+	mc.waitMirrored(t, root)
+	startServe(t, srv.URL())
+
+	var opened struct {
+		Appended []string       `json:"appended"`
+		After    map[string]any `json:"after"`
+	}
+	ps.JSON(t, &opened, append([]string{"open-nats", "--id", id, "--append", "2"}, storeArgs(srv.URL())...)...)
+	pi.StartLive(t, path, pitest.LiveOptions{Count: 2}).Wait(t)
+	// A newer generation than the store's holds the local file, line for line.
+	local, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.Split(bytes.TrimSuffix(local, []byte("\n")), []byte("\n"))
+	conv, err := mc.r.Conv(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(mirrorTimeout)
+	for {
+		g, err := mc.r.ReadGeneration(context.Background(), conv, 0)
+		if err == nil && len(g.Generations) > 1 && len(g.Msgs) == len(lines) && g.Msgs[len(lines)-1].SHA256 == sha256hex(lines[len(lines)-1]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new generation holding the local file after %v: %+v %v", mirrorTimeout, g.Generations, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval of a poll-with-deadline
+	}
+
+	var again struct {
+		Before map[string]any `json:"before"`
+	}
+	ps.JSON(t, &again, append([]string{"open-nats", "--id", id}, storeArgs(srv.URL())...)...)
+	if d := firstDiff(opened.After["entries"], again.Before["entries"], "entries"); d != "" {
+		t.Errorf("the store's generation changed after local appends: %s", d)
+	}
+	d.stop(t)
 }

@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
+import type { SessionTreeEntry } from "@earendil-works/pi-agent-core";
 import { RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
 import { StoreConflictError, StoreError } from "./errors.js";
 import {
@@ -30,10 +31,10 @@ export interface ClientOptions {
   attempts?: number;
 }
 
-/** OpenedEntries is what `open` read: the entries' lines in store order, and the head. */
+/** Opened is what `open` read: the first reply (meta, head) and the entries in order. */
 export interface Opened {
   reply: OpenReply;
-  lines: string[];
+  entries: SessionTreeEntry[];
 }
 
 /**
@@ -102,22 +103,24 @@ export class StoreClient implements Appender {
     return reply.head;
   }
 
-  /** open reads the current generation of conversation id, every entry's line in order. */
+  /**
+   * open reads the current generation of conversation id: every entry, parsed, in order.
+   * The next page is requested before this one is parsed, so parsing overlaps the wait.
+   */
   async open(id: string): Promise<Opened> {
     const first = await this.call<OpenReply>("open", { id });
-    const lines: string[] = [];
+    const entries: SessionTreeEntry[] = [];
     let reply = first;
     for (;;) {
-      for (const entry of reply.entries) lines.push(await this.line(id, first, entry));
-      if (!reply.next) break;
-      reply = await this.call<OpenReply>("open", {
-        id,
-        generation: first.generation,
-        lastSeq: first.lastSeq,
-        after: reply.next.after,
-      });
+      const next = reply.next
+        ? this.call<OpenReply>("open", { id, generation: first.generation, lastSeq: first.lastSeq, after: reply.next.after })
+        : undefined;
+      next?.catch(() => undefined); // awaited below; a failure must not go unhandled meanwhile
+      for (const entry of reply.entries) entries.push(parseEntry(id, entry.ordinal, await this.line(id, first, entry)));
+      if (!next) break;
+      reply = await next;
     }
-    return { reply: first, lines };
+    return { reply: first, entries };
   }
 
   private async line(id: string, snap: OpenReply, entry: WireEntry): Promise<string> {
@@ -149,6 +152,14 @@ export class StoreClient implements Appender {
       }
     }
     return bytes.toString("utf8");
+  }
+}
+
+function parseEntry(id: string, ordinal: number, line: string): SessionTreeEntry {
+  try {
+    return JSON.parse(line) as SessionTreeEntry;
+  } catch (err) {
+    throw new StoreError("invalid", `session ${id}: entry ${ordinal} is not valid JSON`, err as Error);
   }
 }
 

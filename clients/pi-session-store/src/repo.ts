@@ -8,7 +8,6 @@ import {
 } from "@earendil-works/pi-agent-core";
 import { connect, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { StoreClient, type ClientOptions } from "./client.js";
-import { StoreError } from "./errors.js";
 import type { NatsSessionCreateOptions, NatsSessionListOptions, NatsSessionMetadata } from "./metadata.js";
 import type { CreateReply, ListReply, WireMeta } from "./protocol.js";
 import { NatsSessionStorage } from "./storage.js";
@@ -76,14 +75,7 @@ export class NatsSessionRepo implements SessionRepo<NatsSessionMetadata, NatsSes
 
   async open(metadata: NatsSessionMetadata): Promise<Session<NatsSessionMetadata>> {
     const store = await this.store();
-    const { reply, lines } = await store.open(metadata.id);
-    const entries = lines.map((line, i) => {
-      try {
-        return JSON.parse(line) as SessionTreeEntry;
-      } catch (err) {
-        throw new StoreError("invalid", `session ${metadata.id}: entry ${i + 1} is not valid JSON`, err as Error);
-      }
-    });
+    const { reply, entries } = await store.open(metadata.id);
     return this.session(store, reply.meta, entries, reply.head);
   }
 
