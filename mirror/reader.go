@@ -65,10 +65,17 @@ func (r *Reader) LastSeq(ctx context.Context, c Conv) (uint64, error) {
 // server lists at most 100,000 subjects per response; the client asks for the next
 // pages by offset (TestCountsPages).
 func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
+	counts, _, err := r.CountsAndLast(ctx)
+	return counts, err
+}
+
+// CountsAndLast is Counts and the stream's newest sequence, from the same request: what a
+// daemon asks once at start instead of one question per conversation.
+func (r *Reader) CountsAndLast(ctx context.Context) (map[string]uint64, uint64, error) {
 	filter := r.names.OwnerSubjects(r.owner)
 	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, fmt.Errorf("count the messages of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
+		return nil, 0, fmt.Errorf("count the messages of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
 	}
 	prefix := strings.TrimSuffix(filter, ">")
 	counts := make(map[string]uint64, len(info.State.Subjects))
@@ -77,7 +84,7 @@ func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
 			counts[key] = n
 		}
 	}
-	return counts, nil
+	return counts, info.State.LastSeq, nil
 }
 
 // scanConsumerIdle is how long the server keeps a scan's consumer after its last use.

@@ -109,7 +109,7 @@ func NewMetrics() *Metrics {
 		}, []string{"result"}),
 		resumeQuery: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_resume_queries_total",
-			Help: "Questions to the mirror about what it already holds, by how they were answered (last_seq, scan, error).",
+			Help: "Questions to the mirror about what it already holds, by how they were answered (checkpoint: not asked, the checkpoint proves the file mirrored; stream: one listing for all files at start; last_seq, scan, error).",
 		}, []string{"result"}),
 		tooLarge: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_lines_too_large_total",

@@ -87,6 +87,8 @@ type Publisher struct {
 	// that a daemon running for months holds no state for files removed long ago.
 	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
 	forgotten map[string]int          // root → deleted files forgotten, still counted as deleted
+
+	view startView // the owner's conversations in one request, for the files seen at start
 }
 
 // New validates opts and binds the mirror. Call Start before handing it to the watcher.
@@ -248,15 +250,21 @@ func (p *Publisher) headLoop() {
 func (p *Publisher) flush(ctx context.Context) error {
 	p.stageCheckpoints()
 	err := p.opts.Checkpoints.Commit()
-	written := p.flushHeads(ctx)
-	// Record the heads just written, so that the next start does not write them again.
-	for _, st := range written {
+	p.flushHeads(ctx)
+	// Record the heads written since each file's last checkpoint (now, or earlier by the
+	// head loop: an idle file has no next checkpoint), so that the next start does not
+	// write them all again (TestStartCostScalesWithChangedFiles).
+	unrecorded := 0
+	for _, st := range p.snapshotFiles() {
 		st.mu.Lock()
-		st.cpDirty = true
+		if st.headSeq > st.recordedHeadSeq {
+			st.cpDirty = true
+			p.mark(&p.dirtyCP, st)
+			unrecorded++
+		}
 		st.mu.Unlock()
-		p.mark(&p.dirtyCP, st)
 	}
-	if len(written) > 0 {
+	if unrecorded > 0 {
 		p.stageCheckpoints()
 		if cerr := p.opts.Checkpoints.Commit(); err == nil {
 			err = cerr
@@ -309,6 +317,7 @@ func (p *Publisher) stageCheckpoints() {
 		if st.cpDirty {
 			st.cpDirty = false
 			p.opts.Checkpoints.Put(st.record())
+			st.recordedHeadSeq = st.headSeq
 		}
 		st.mu.Unlock()
 	}

@@ -46,6 +46,8 @@ type fileState struct {
 	cpDirty   bool
 	headDirty bool
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
+	// recordedHeadSeq is headSeq as of the last checkpoint record staged.
+	recordedHeadSeq uint64
 
 	goneHeadWritten bool // a head saying the file is deleted locally is in the mirror
 }
