@@ -118,6 +118,15 @@ describe("NatsSessionRepo", () => {
     assert.equal((await r.list()).length, 3);
   });
 
+  test("tenant and owner names outside [A-Za-z0-9-] reach the service, encoded as the Go side encodes them", async () => {
+    const r = new NatsSessionRepo({ servers: store.url, tenant: "t.1", owner: `bob_x é ${randomUUID().slice(0, 4)}`, timeoutMs: 3000 });
+    repos.push(r);
+    const s = await r.create({ cwd: "/home/dev/enc" });
+    await s.appendMessage(user("encoded"));
+    assert.deepEqual((await r.list()).map((m) => m.id), [(await s.getMetadata()).id]);
+    assert.equal((await (await r.open(await s.getMetadata())).getEntries()).length, 1);
+  });
+
   test("another owner's session is not_found", async () => {
     const alice = repo();
     const s = await alice.create({ cwd: "/home/dev/x" });
