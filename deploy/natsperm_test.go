@@ -30,11 +30,13 @@ type owner struct {
 	seq    uint64 // stream sequence of the owner's line
 	names  mirror.Names
 	prefix string // inbox prefix
+	url    string // the server it is connected to, and its CA
+	caFile string
 }
 
 func newOwner(t *testing.T, url, caFile, user, tenant, name string) *owner {
 	t.Helper()
-	o := &owner{user: user, names: mirror.DefaultNames(), prefix: "_INBOX." + tenant + "." + name}
+	o := &owner{user: user, names: mirror.DefaultNames(), prefix: "_INBOX." + tenant + "." + name, url: url, caFile: caFile}
 	o.nc, o.v = connect(t, url, caFile, user, nats.CustomInboxPrefix(o.prefix))
 	var err error
 	if o.js, err = jetstream.New(o.nc); err != nil {

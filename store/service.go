@@ -17,6 +17,9 @@ const (
 	ServiceName     = "pisync-store"
 	QueueGroup      = "pisync-store"
 	ProtocolVersion = "1.0.0"
+	// InboxPrefix is the reply prefix of the service's own connection, so that NATS
+	// permissions can give it its own replies and no owner's (deploy/nats).
+	InboxPrefix = "_INBOX_PISYNC_STORE"
 )
 
 // requestTimeout bounds the work on one request; a client waiting longer retries anyway.

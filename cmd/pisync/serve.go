@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -103,7 +104,7 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}()
 	}
 	nm := natsconn.NewMetrics(reg)
-	nc, err := f.conn.connect(ctx, "pisync serve "+f.host, 0, log, nm)
+	nc, err := f.conn.connect(ctx, "pisync serve "+f.host, 0, log, nm, nats.CustomInboxPrefix(store.InboxPrefix))
 	if err != nil {
 		return err
 	}
