@@ -34,3 +34,19 @@ TS_DIR := clients/pi-session-store
 ts:
 	@command -v npm >/dev/null || { echo "ts: npm is not installed (.ci/install-deps installs it)"; exit 1; }
 	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test
+
+# The seeded torture run by hand: fresh seeds for TORTURE_DURATION (default 60m) against the
+# real daemon (built with -race) and a real nats-server; every seed and its outcome is
+# appended to TORTURE_RECORD. SEED=… [OPS=…] [EXCLUDE=…] replays one seed (the reproducer a
+# failure prints). `make test` runs a fixed-seed short version (TestTorture).
+TORTURE_DURATION ?= 60m
+TORTURE_RECORD ?= $(CURDIR)/torture-results.txt
+TORTURE_FLAGS ?=
+SEED ?=
+OPS ?=
+EXCLUDE ?= known
+torture:
+	$(GO) test ./torture -run '^TestTorture$$' -count=1 -timeout 0 -v -args \
+		-torture.race \
+		$(if $(SEED),-torture.seed=$(SEED) -torture.ops=$(OPS),-torture.duration=$(TORTURE_DURATION) -torture.record=$(TORTURE_RECORD)) \
+		-torture.exclude=$(EXCLUDE) $(TORTURE_FLAGS)

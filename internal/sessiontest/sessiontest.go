@@ -209,6 +209,35 @@ func (f *File) Message(size int) []byte {
 // Leaf is the leaf after the entries generated so far (Pi's rule).
 func (f *File) Leaf() string { return f.leaf }
 
+// Reset makes lines (header first) the file's content as far as the generator knows,
+// after a rewrite, a truncation or a migration to format: entries generated next continue
+// the tree from the leaf of those lines, so that no parent is ever missing.
+func (f *File) Reset(format Format, lines [][]byte) {
+	f.Format, f.Lines, f.ids, f.leaf = format, lines, nil, ""
+	var leaf session.Leaf
+	for i, l := range lines {
+		env, err := session.ScanEntry(l)
+		if i == 0 || err != nil {
+			continue
+		}
+		if env.ID != "" && env.Type != "leaf" {
+			f.ids = append(f.ids, env.ID)
+		}
+		leaf.Apply(env)
+	}
+	f.leaf = leaf.ID()
+}
+
+// Clone is a copy of the session at another path, carrying the same id (a copied file),
+// whose generator continues from the same leaf with its own random source.
+func (f *File) Clone(rng *rand.Rand, path string) *File {
+	c := *f
+	c.Path, c.rng = path, rng
+	c.Lines = append([][]byte(nil), f.Lines...)
+	c.ids = append([]string(nil), f.ids...)
+	return &c
+}
+
 func (f *File) message(size int) map[string]any {
 	roles := []string{"user", "assistant", "toolResult"}
 	role := roles[f.rng.IntN(len(roles))]

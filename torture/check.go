@@ -1,0 +1,584 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/session"
+)
+
+// snapshot is every message of the owner's conversations, by key and generation.
+type snapshot struct {
+	keys  map[string]map[int][]mirror.Msg
+	blobs map[string][]byte // by digest
+}
+
+// newest is the newest generation of key, in stream order.
+func (s *snapshot) newest(key string) []mirror.Msg {
+	return s.keys[key][s.newestGen(key)]
+}
+
+// newestGen is the number of the newest generation of key.
+func (s *snapshot) newestGen(key string) int {
+	best := -1
+	for g := range s.keys[key] {
+		best = max(best, g)
+	}
+	return best
+}
+
+// headFaults says how the heads of the paired keys differ from what they must say once
+// the daemon has caught up: the newest generation, its last ordinal, the leaf.
+func (r *run) headFaults(ctx context.Context, s *snapshot, pair map[*file]string) string {
+	list, err := r.reader.ListHeads(ctx)
+	if err != nil {
+		return "heads: " + err.Error()
+	}
+	heads := map[string]mirror.Head{}
+	for _, h := range list.Heads {
+		heads[h.ConvKey()] = h
+	}
+	var bad []string
+	for f, key := range pair {
+		h, ok := heads[key]
+		var leaf session.Leaf
+		for _, l := range f.sf.Lines[1:] {
+			if env, err := session.ScanEntry(l); err == nil {
+				leaf.Apply(env)
+			}
+		}
+		switch {
+		case !ok:
+			bad = append(bad, fmt.Sprintf("%s: no head for key %s", f, key))
+		case h.Generation != s.newestGen(key) || h.LastOrdinal != int64(len(f.sf.Lines)-1) || h.Head != leaf.ID():
+			bad = append(bad, fmt.Sprintf("%s: head of %s says generation %d, last ordinal %d, leaf %q; the mirror has generation %d, %d lines, leaf %q",
+				f, key, h.Generation, h.LastOrdinal, h.Head, s.newestGen(key), len(f.sf.Lines), leaf.ID()))
+		}
+	}
+	sort.Strings(bad)
+	return strings.Join(bad, "\n")
+}
+
+// read reads the whole mirror of the owner once, blobs included.
+func (r *run) read(ctx context.Context) (*snapshot, error) {
+	if r.reader == nil {
+		rd, err := newReader(ctx, r.nc)
+		if err != nil {
+			return nil, err
+		}
+		r.reader = rd
+	}
+	s := &snapshot{keys: map[string]map[int][]mirror.Msg{}, blobs: map[string][]byte{}}
+	err := r.reader.ScanOwner(ctx, mirror.ScanOptions{}, func(key string, m mirror.Msg) error {
+		if s.keys[key] == nil {
+			s.keys[key] = map[int][]mirror.Msg{}
+		}
+		m.Data = append([]byte(nil), m.Data...)
+		s.keys[key][m.Generation] = append(s.keys[key][m.Generation], m)
+		if m.Kind == mirror.KindBlob && s.blobs[m.SHA256] == nil {
+			rc, err := r.reader.Blob(ctx, m.SHA256)
+			if err != nil {
+				return fmt.Errorf("blob %s of %s: %w", m.SHA256, key, err)
+			}
+			b, err := io.ReadAll(rc)
+			rc.Close()
+			if err != nil {
+				return fmt.Errorf("blob %s of %s: %w", m.SHA256, key, err)
+			}
+			s.blobs[m.SHA256] = b
+		}
+		return nil
+	})
+	return s, err
+}
+
+// body is a message's line: its data, or its blob.
+func (s *snapshot) body(m mirror.Msg) []byte {
+	if m.Kind == mirror.KindBlob {
+		return s.blobs[m.SHA256]
+	}
+	return m.Data
+}
+
+// equal says whether msgs (one generation) hold exactly lines, in ordinal order.
+func (s *snapshot) equal(msgs []mirror.Msg, lines [][]byte) (bool, string) {
+	byOrd := map[int64][]byte{}
+	for _, m := range msgs {
+		byOrd[m.Ordinal] = s.body(m)
+	}
+	if len(byOrd) != len(lines) || len(msgs) != len(lines) {
+		return false, fmt.Sprintf("%d messages (%d ordinals), file %d lines", len(msgs), len(byOrd), len(lines))
+	}
+	for i, l := range lines {
+		b, ok := byOrd[int64(i)]
+		if !ok {
+			return false, fmt.Sprintf("ordinal %d missing", i)
+		}
+		if !bytes.Equal(b, l) {
+			return false, fmt.Sprintf("line %d differs: mirror %q, file %q", i+1, clip(b, 60), clip(l, 60))
+		}
+	}
+	return true, ""
+}
+
+// match pairs every live file with a distinct conversation key whose newest generation
+// equals its complete lines (a copied file mirrors under a key of its own). It returns the
+// pairing, or why some file has none.
+func (r *run) match(s *snapshot) (map[*file]string, string) {
+	cands := map[*file][]string{}
+	var why []string
+	for _, f := range r.fs.live {
+		lines := f.sf.Lines
+		if len(lines) == 0 {
+			continue
+		}
+		var reasons []string
+		for key := range s.keys {
+			if key != f.sf.ID && !strings.HasPrefix(key, f.sf.ID+"~") {
+				continue
+			}
+			if ok, reason := s.equal(s.newest(key), lines); ok {
+				cands[f] = append(cands[f], key)
+			} else {
+				reasons = append(reasons, key+": "+reason)
+			}
+		}
+		if len(cands[f]) == 0 {
+			if len(reasons) == 0 {
+				reasons = []string{"no conversation in the mirror"}
+			}
+			sort.Strings(reasons)
+			why = append(why, fmt.Sprintf("%s (%d lines): %s", f, len(lines), strings.Join(reasons, "; ")))
+		}
+	}
+	if len(why) > 0 {
+		return nil, strings.Join(why, "\n")
+	}
+	// Distinct keys: a small backtracking search (files sharing an id are few).
+	var order []*file
+	for f := range cands {
+		order = append(order, f)
+	}
+	sort.Slice(order, func(i, j int) bool { return order[i].n < order[j].n })
+	pair, used := map[*file]string{}, map[string]bool{}
+	var assign func(i int) bool
+	assign = func(i int) bool {
+		if i == len(order) {
+			return true
+		}
+		for _, k := range cands[order[i]] {
+			if !used[k] {
+				used[k], pair[order[i]] = true, k
+				if assign(i + 1) {
+					return true
+				}
+				used[k] = false
+			}
+		}
+		return false
+	}
+	if !assign(0) {
+		return nil, "files carrying one session id share one conversation key: one of them is not mirrored"
+	}
+	return pair, ""
+}
+
+// streamFaults checks the stream itself: no message id twice, no ordinal twice in a
+// generation, every digest right, every line one that some file held whole.
+func (r *run) streamFaults(s *snapshot) []string {
+	var out []string
+	ids := map[string]int{}
+	for key, gens := range s.keys {
+		for g, msgs := range gens {
+			ords := map[int64]int{}
+			for _, m := range msgs {
+				ids[fmt.Sprintf("%s.%d.%s", key, g, m.EntryID)]++
+				ords[m.Ordinal]++
+				b := s.body(m)
+				sum := sha256.Sum256(b)
+				if hex.EncodeToString(sum[:]) != m.SHA256 {
+					out = append(out, fmt.Sprintf("%s gen %d ordinal %d (seq %d): digest header does not match the bytes", key, g, m.Ordinal, m.Seq))
+				}
+				if !r.fs.written[sum] {
+					out = append(out, fmt.Sprintf("%s gen %d ordinal %d (seq %d): a line no file ever held whole: %q", key, g, m.Ordinal, m.Seq, clip(b, 80)))
+				}
+			}
+			for o, n := range ords {
+				if n > 1 {
+					out = append(out, fmt.Sprintf("%s gen %d: ordinal %d stored %d times", key, g, o, n))
+				}
+			}
+		}
+	}
+	for id, n := range ids {
+		if n > 1 {
+			out = append(out, fmt.Sprintf("message id %s stored %d times", id, n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// check is a quiet point: every fault healed, the daemon caught up, then every invariant.
+func (r *run) check() (string, error) {
+	r.res.Checks++
+	r.nats.up()
+	r.bg.Wait()
+	r.bgMu.Lock()
+	bgErrs := r.bgErrs
+	r.bgErrs = nil
+	r.bgMu.Unlock()
+	if len(bgErrs) > 0 {
+		return "", &Failure{Guarantee: "concurrent commands", Detail: strings.Join(bgErrs, "\n")}
+	}
+	if bad := r.recoveredFaults(); len(bad) > 0 {
+		return "", &Failure{Guarantee: "recover run during changes writes only lines that existed (4)",
+			Detail: strings.Join(bad[:min(10, len(bad))], "\n")}
+	}
+	if err := r.d.supervise(); err != nil {
+		return "", &Failure{Guarantee: "the daemon stays up (8)", Detail: err.Error()}
+	}
+	// Guarantee 5: the daemon never writes to a session file.
+	for _, f := range append(append([]*file(nil), r.fs.live...), r.fs.out...) {
+		b, err := os.ReadFile(f.sf.Path)
+		if err != nil {
+			return "", err
+		}
+		if !bytes.Equal(b, f.content()) {
+			return "", &Failure{Guarantee: "no marker in the tree (5)", Detail: fmt.Sprintf("%s changed by someone else", f)}
+		}
+	}
+
+	// Quiescence: the daemon says it is caught up and the mirror equals the files.
+	start := time.Now()
+	deadline := start.Add(r.deadline(90 * time.Second))
+	var s *snapshot
+	var pair map[*file]string
+	var why string
+	pause := 50 * time.Millisecond
+	for {
+		if err := r.d.supervise(); err != nil {
+			return "", &Failure{Guarantee: "the daemon stays up (8)", Detail: err.Error()}
+		}
+		ok, status := r.d.caughtUp()
+		if ok {
+			ctx, cancel := r.ctx(60 * time.Second)
+			var err error
+			s, err = r.read(ctx)
+			cancel()
+			if err != nil {
+				why = "mirror read: " + err.Error()
+			} else if pair, why = r.match(s); why == "" {
+				ctx, cancel := r.ctx(30 * time.Second)
+				why = r.headFaults(ctx, s, pair)
+				cancel()
+				if why == "" {
+					break
+				}
+				why = "heads behind the mirror: " + why
+			}
+		} else {
+			why = "daemon not caught up: " + status
+		}
+		if time.Now().After(deadline) {
+			return "", &Failure{Guarantee: "nothing lost (1): newest generation equals the file within the deadline",
+				Detail: fmt.Sprintf("after %v: %s", time.Since(start).Round(time.Millisecond), why)}
+		}
+		time.Sleep(pause) // poll with a deadline
+		pause = min(2*pause, time.Second)
+	}
+	caught := time.Since(start)
+	if faults := r.streamFaults(s); len(faults) > 0 {
+		return "", &Failure{Guarantee: "exactly once, lossless (2, 4)", Detail: strings.Join(faults[:min(20, len(faults))], "\n")}
+	}
+	if p := logProblems(r.d.logPath); len(p) > 0 {
+		return "", &Failure{Guarantee: "the daemon does not race or panic", Detail: strings.Join(p, "\n")}
+	}
+	if f := r.counters(); f != nil {
+		return "", f
+	}
+	if f := r.recoverAll(pair); f != nil {
+		return "", f
+	}
+	if f := r.verify(); f != nil {
+		return "", f
+	}
+	torn := 0
+	for _, f := range r.fs.live {
+		if f.torn != nil {
+			torn++
+		}
+	}
+	desc := fmt.Sprintf("%d files (%d torn, %d outside), %d conversations, caught up in %v, %d start-up failures restarted",
+		len(r.fs.live), torn, len(r.fs.out), len(s.keys), caught.Round(time.Millisecond), r.d.restarts)
+	if r.cfg.Progress != nil {
+		fmt.Fprintf(r.cfg.Progress, "seed %d check %d: %s\n", r.cfg.Seed, r.res.Checks, desc)
+	}
+	return desc, nil
+}
+
+// counters checks the daemon's duplicates and clashes counters.
+func (r *run) counters() *Failure {
+	dups, err := r.d.metric("pisync_publish_duplicates_total")
+	if err != nil {
+		return &Failure{Guarantee: "metrics", Detail: err.Error()}
+	}
+	// Without a NATS fault since it started, the daemon never resends: after a restart it
+	// asks the mirror what it holds (guarantee 2), so the server sees no duplicate.
+	if dups > 0 && !r.natsFaultSinceStart && r.set.AckTimeout >= 10*time.Second {
+		return &Failure{Guarantee: "exactly once (2): no resend without a NATS fault",
+			Detail: fmt.Sprintf("pisync_publish_duplicates_total %v since the daemon started, no NATS fault since", dups)}
+	}
+	ids := map[string]int{}
+	for _, f := range r.fs.live {
+		ids[f.sf.ID]++
+	}
+	for id, n := range ids {
+		if n < 2 {
+			continue
+		}
+		clashes, err := r.d.metric("pisync_conversation_clashes_total")
+		if err != nil {
+			return &Failure{Guarantee: "metrics", Detail: err.Error()}
+		}
+		if clashes == 0 {
+			return &Failure{Guarantee: "identity (9): the clash is reported",
+				Detail: fmt.Sprintf("%d files carry %s, pisync_conversation_clashes_total is 0", n, id)}
+		}
+	}
+	return nil
+}
+
+// recoverReport is the part of `recover --json` the harness reads.
+type recoverReport struct {
+	Conversations []struct {
+		Conversation string `json:"conversation"`
+		Key          string `json:"key"`
+		Output       string `json:"output"`
+		Result       string `json:"result"`
+		Reason       string `json:"reason"`
+	} `json:"conversations"`
+}
+
+// recoverAll rebuilds every conversation into a fresh directory: each live file must come
+// back byte for byte (its complete lines) from the key it is mirrored under.
+func (r *run) recoverAll(pair map[*file]string) *Failure {
+	out, err := os.MkdirTemp(r.dir, "recovered-")
+	if err != nil {
+		return &Failure{Guarantee: "harness", Detail: err.Error()}
+	}
+	defer os.RemoveAll(out)
+	stdout, stderr, err := r.runCLI(120*time.Second, "recover", "--all", "--out", out, "--json")
+	if c := crashed(stderr); c != "" {
+		return &Failure{Guarantee: "recover does not crash", Detail: c}
+	}
+	var rep recoverReport
+	if jerr := json.Unmarshal(stdout, &rep); jerr != nil {
+		return &Failure{Guarantee: "recover --json", Detail: fmt.Sprintf("%v (exit %v): %s", jerr, err, clip(stderr, 2000))}
+	}
+	byKey := map[string]int{}
+	for i, c := range rep.Conversations {
+		byKey[c.Key] = i
+	}
+	var bad []string
+	for f, key := range pair {
+		i, ok := byKey[key]
+		if !ok {
+			bad = append(bad, fmt.Sprintf("%s: key %s not in recover's report", f, key))
+			continue
+		}
+		c := rep.Conversations[i]
+		if c.Result != string(recovery.Written) && c.Result != string(recovery.Unchanged) {
+			var same []string
+			for _, o := range rep.Conversations {
+				if o.Conversation == c.Conversation {
+					same = append(same, fmt.Sprintf("[key %s → %s %s]", o.Key, rel(r.dir, o.Output), o.Result))
+				}
+			}
+			bad = append(bad, fmt.Sprintf("%s: key %s %s: %s; reports of the id: %s", f, key, c.Result, c.Reason, strings.Join(same, " ")))
+			continue
+		}
+		got, err := os.ReadFile(c.Output)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", f, err))
+			continue
+		}
+		if want := mirrortest.JoinLines(f.sf.Lines); !bytes.Equal(got, want) {
+			bad = append(bad, fmt.Sprintf("%s: recovered %d bytes differ from the file's %d bytes of complete lines", f, len(got), len(want)))
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return &Failure{Guarantee: "recovery is byte-identical (3, 4, §4)", Detail: strings.Join(bad, "\n")}
+	}
+	return nil
+}
+
+// verifyDoc is the part of `verify --json` the harness reads.
+type verifyDoc struct {
+	Files []struct {
+		Path   string `json:"path"`
+		Result string `json:"result"`
+		Detail string `json:"detail"`
+		Error  string `json:"error"`
+	} `json:"files"`
+}
+
+// verify runs `pisync verify`: no live file may be reported drifted or in error.
+func (r *run) verify() *Failure {
+	stdout, stderr, err := r.runCLI(120*time.Second, "verify", "--json", "--root", r.fs.roots[0], "--root", r.fs.roots[1])
+	if c := crashed(stderr); c != "" {
+		return &Failure{Guarantee: "verify does not crash", Detail: c}
+	}
+	var doc verifyDoc
+	if jerr := json.Unmarshal(stdout, &doc); jerr != nil {
+		return &Failure{Guarantee: "verify --json", Detail: fmt.Sprintf("%v (exit %v): %s", jerr, err, clip(stderr, 2000))}
+	}
+	var bad []string
+	for _, f := range doc.Files {
+		if f.Result == "drift" || f.Result == "error" || f.Result == "not-mirrored" {
+			bad = append(bad, fmt.Sprintf("%s %s %s %s", f.Result, rel(r.dir, f.Path), f.Detail, f.Error))
+		}
+	}
+	if len(bad) > 0 {
+		return &Failure{Guarantee: "verify agrees with the mirror", Detail: strings.Join(append(bad, r.headsOf()...), "\n")}
+	}
+	return nil
+}
+
+// headsOf lists the heads of the conversations of the live files, for a report.
+func (r *run) headsOf() []string {
+	ctx, cancel := r.ctx(20 * time.Second)
+	defer cancel()
+	list, err := r.reader.ListHeads(ctx)
+	if err != nil {
+		return []string{"heads: " + err.Error()}
+	}
+	out := []string{fmt.Sprintf("%d heads, %d bad", len(list.Heads), len(list.Bad))}
+	for _, h := range list.Heads {
+		out = append(out, fmt.Sprintf("head %s: host %s root %s source %s generation %d entries %d",
+			h.Key, h.Host, rel(r.dir, h.Root), h.Source, h.Generation, h.Entries))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// concurrentRecover runs `recover --all --out` while the tree changes: it may refuse or
+// fail while the server is down, but must not crash, and every line it writes is one
+// some file held whole, or a placeholder or header it made up.
+func (r *run) concurrentRecover() {
+	out, err := os.MkdirTemp(r.dir, "recover-live-")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	// Lines written after this moment may be recovered too: read the digests afterwards,
+	// when operations are paused at the next quiet point (check waits for this).
+	r.background("recover --all (concurrent)", func() error {
+		_, stderr, _ := r.runCLI(120*time.Second, "recover", "--all", "--out", out, "--json")
+		if c := crashed(stderr); c != "" {
+			return fmt.Errorf("crashed: %s", c)
+		}
+		return nil
+	})
+	r.recovered = append(r.recovered, out)
+}
+
+// recoveredFaults lists lines of the concurrent recoveries' files that no file ever held
+// whole (placeholders and synthesized headers excepted).
+func (r *run) recoveredFaults() []string {
+	var bad []string
+	for _, dir := range r.recovered {
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return nil
+			}
+			for i, l := range mirrortest.SplitLines(b) {
+				if r.fs.written[sha256.Sum256(l)] || bytes.Contains(l, []byte(recovery.PlaceholderType)) ||
+					(i == 0 && bytes.Contains(l, []byte(`"type":"session"`))) {
+					continue
+				}
+				bad = append(bad, fmt.Sprintf("%s line %d: %q", rel(r.dir, p), i+1, clip(l, 80)))
+			}
+			return nil
+		})
+		os.RemoveAll(dir)
+	}
+	r.recovered = nil
+	return bad
+}
+
+// concurrentSurvey runs status and verify while the tree changes: neither may crash.
+func (r *run) concurrentSurvey() {
+	for _, args := range [][]string{{"status", "--json", "--root", r.fs.roots[0], "--root", r.fs.roots[1]},
+		{"verify", "--json", "--root", r.fs.roots[0], "--root", r.fs.roots[1]}} {
+		r.background(args[0]+" (concurrent)", func() error {
+			_, stderr, _ := r.runCLI(120*time.Second, args...)
+			if c := crashed(stderr); c != "" {
+				return fmt.Errorf("crashed: %s", c)
+			}
+			return nil
+		})
+	}
+}
+
+// restore deletes a file the mirror holds completely and restores it with
+// `pisync recover --conversation --root`, while the daemon watches: it must come back
+// byte for byte where it was.
+func (r *run) restore(rng *rand.Rand) (string, error) {
+	f := r.fs.pick(rng, func(f *file) bool {
+		return f.torn == nil && !f.moved && r.fs.sameID(f.sf.ID) == 1 && len(f.sf.Lines) > 0
+	})
+	if f == nil {
+		return "skipped: no file for it", nil
+	}
+	ctx, cancel := r.ctx(20 * time.Second)
+	defer cancel()
+	for {
+		s, err := r.read(ctx)
+		if err == nil {
+			if ok, _ := s.equal(s.newest(f.sf.ID), f.sf.Lines); ok {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Sprintf("skipped: %s not mirrored yet", f), nil
+		case <-time.After(200 * time.Millisecond): // poll with a deadline
+		}
+	}
+	want := f.content()
+	if err := os.Remove(f.sf.Path); err != nil {
+		return "", err
+	}
+	stdout, stderr, err := r.runCLI(60*time.Second, "recover", "--conversation", f.sf.ID, "--root", r.fs.roots[0], "--root", r.fs.roots[1], "--json")
+	got, rerr := os.ReadFile(f.sf.Path)
+	if err != nil || rerr != nil || !bytes.Equal(got, want) {
+		r.fs.remove(f) // whatever is there now is not the run's file
+		if rerr == nil {
+			_ = os.Remove(f.sf.Path)
+		}
+		return f.String(), &Failure{Guarantee: "recover restores a deleted file byte for byte (§4)",
+			Detail: fmt.Sprintf("%s: recover: %v; read: %v; %d bytes back, %d wanted\n%s\n%s", f, err, rerr, len(got), len(want),
+				clip(stdout, 2000), clip(stderr, 2000))}
+	}
+	return f.String(), nil
+}
