@@ -13,6 +13,7 @@ import (
 // Writer holds the write side of the mirror that is not the entries stream itself: blobs
 // and heads. Entries are published by the publisher, which owns the in-flight window.
 type Writer struct {
+	js    jetstream.JetStream
 	names Names
 	owner Owner
 	heads jetstream.KeyValue
@@ -40,7 +41,7 @@ func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*
 	if err != nil {
 		return nil, fmt.Errorf("bind object store %s: %w", n.BlobsBucket(), err)
 	}
-	return &Writer{names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}, maxRevs: DefaultMaxRevisions}, nil
+	return &Writer{js: js, names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}, maxRevs: DefaultMaxRevisions}, nil
 }
 
 // PutBlob stores the payload with digest sha256hex unless an object of that name exists
@@ -55,10 +56,24 @@ func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bo
 	if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return false, fmt.Errorf("blob %s: %w", sha256hex, err)
 	}
-	if _, err := w.blobs.Put(ctx, jetstream.ObjectMeta{Name: name}, r); err != nil {
+	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: w.chunkSize()}}
+	if _, err := w.blobs.Put(ctx, meta, r); err != nil {
 		return false, fmt.Errorf("put blob %s: %w", sha256hex, err)
 	}
 	return true, nil
+}
+
+// defaultChunkSize is the object store's own chunk size.
+const defaultChunkSize = 128 << 10
+
+// chunkSize is the object store chunk size for the server we are connected to: the
+// default, or less when the server's max_payload is smaller, or every chunk is refused.
+func (w *Writer) chunkSize() uint32 {
+	n := int64(defaultChunkSize)
+	if nc := w.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
+		n = min(n, nc.MaxPayload()-4<<10)
+	}
+	return uint32(max(n, 1<<10))
 }
 
 // PutHead writes h as the head of c with compare-and-set on the revision. When another

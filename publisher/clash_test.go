@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
@@ -120,6 +121,17 @@ func checkBothMirrored(t *testing.T, ctx context.Context, r *mirror.Reader, root
 			continue
 		}
 		for i, m := range g.Msgs {
+			if m.Kind == mirror.KindBlob {
+				rc, err := r.Blob(ctx, m.SHA256)
+				if err != nil {
+					t.Fatalf("%s: %s line %d: %v", what, rel, i+1, err)
+				}
+				m.Data, err = io.ReadAll(rc)
+				rc.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
 			if !bytes.Equal(m.Data, f.Lines[i]) {
 				t.Errorf("%s: %s line %d differs in the mirror", what, rel, i+1)
 				break

@@ -106,6 +106,9 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	conv := st.conv
 	st.mu.Unlock()
 
+	if !blob && p.msgSize(ml, int64(len(data))) > p.maxPayload() {
+		blob = true // the threshold allows it, the server would refuse it once headers count
+	}
 	var body []byte
 	if blob {
 		if err := p.putBlob(ctx, f, l, sha, data); err != nil {
@@ -237,10 +240,17 @@ func (p *Publisher) releaseSlot() {
 
 // send publishes it asynchronously and hands the future to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
-	fut, err := p.opts.JS.PublishMsgAsync(it.msg)
+	st.mu.Lock()
+	msg := it.msg
+	st.mu.Unlock()
+	fut, err := p.opts.JS.PublishMsgAsync(msg)
 	st.mu.Lock()
 	if err != nil {
 		st.mu.Unlock()
+		if permanentFailure(err) != "" {
+			p.refused(ctx, st, it, err)
+			return nil
+		}
 		p.fail(st, err)
 		return nil // the line is queued; reconciliation publishes it
 	}
@@ -285,6 +295,16 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 		return
 	}
 	if err != nil {
+		if permanentFailure(err) != "" {
+			it.inFlight = true // being dealt with: reconciliation leaves it alone
+			st.mu.Unlock()
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.refused(p.runCtx, st, it, err)
+			}()
+			return
+		}
 		st.mu.Unlock()
 		p.fail(st, err)
 		return
@@ -302,9 +322,28 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 		st.mu.Lock()
 	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
+	st.retry = nil // publishing works again: the next failure starts a fresh backoff
+	p.settle(st, it)
+	if ack.Duplicate {
+		p.m.duplicates.Inc()
+	}
+	p.m.published.WithLabelValues(string(it.kind), typeLabel(it)).Inc()
+	p.m.publishedB.Add(float64(it.length + 1))
+	p.m.latency.Observe(time.Since(it.seen).Seconds())
+	p.m.lastAckUnix.SetToCurrentTime()
+}
+
+// settle frees what a line just resolved holds and moves the frontier; the caller holds
+// st.mu, which settle releases. The window is freed as each line resolves, not when the
+// frontier passes it: a line stuck in one file must not hold the bytes of every line
+// after it.
+func (p *Publisher) settle(st *fileState, it *item) {
 	slot := it.slot
 	it.slot = false
-	released, moved := st.advance()
+	released := it.weight
+	it.weight = 0
+	more, moved := st.advance()
+	released += more
 	st.mu.Unlock()
 	if moved > 0 {
 		p.noteDirty(st)
@@ -313,13 +352,6 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 		p.releaseSlot()
 	}
 	p.release(released)
-	if ack.Duplicate {
-		p.m.duplicates.Inc()
-	}
-	p.m.published.WithLabelValues(string(it.kind), typeLabel(it)).Inc()
-	p.m.publishedB.Add(float64(it.length + 1))
-	p.m.latency.Observe(time.Since(it.seen).Seconds())
-	p.m.lastAckUnix.SetToCurrentTime()
 }
 
 // fail marks st for reconciliation and starts it unless it is running.
@@ -376,10 +408,24 @@ func (p *Publisher) waitResync(ctx context.Context, st *fileState) error {
 // with their original message ids, with exponential backoff and jitter between attempts.
 func (p *Publisher) reconcile(st *fileState, cause error) {
 	defer p.wg.Done()
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = p.opts.RetryMax
-	bo.MaxElapsedTime = 0
+	// The backoff belongs to the file, not to this reconciliation: a line that fails
+	// again as soon as it is resent starts another one, and the pause must keep growing
+	// until an acknowledgement resets it.
+	st.mu.Lock()
+	if st.retry == nil {
+		bo := backoff.NewExponentialBackOff()
+		bo.InitialInterval = 200 * time.Millisecond
+		bo.MaxInterval = p.opts.RetryMax
+		bo.MaxElapsedTime = 0
+		st.retry = bo
+	}
+	bo := st.retry
+	st.mu.Unlock()
+	next := func() time.Duration {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return bo.NextBackOff()
+	}
 	attempts := 0
 	log := p.log.With(zap.String("path", st.file.Path))
 	log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
@@ -388,7 +434,7 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		case <-p.runCtx.Done():
 			p.endResync(st)
 			return
-		case <-time.After(bo.NextBackOff()):
+		case <-time.After(next()):
 		}
 		st.mu.Lock()
 		busy := false
@@ -456,6 +502,8 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 				it.slot = false
 				p.releaseSlot()
 			}
+			p.release(it.weight)
+			it.weight = 0
 			continue
 		}
 		resend = append(resend, it)

@@ -25,6 +25,7 @@ type Metrics struct {
 	generations  prometheus.Counter
 	clashes      prometheus.Counter
 	repeatedIDs  prometheus.Counter
+	quarantined  *prometheus.CounterVec
 	headUpdates  *prometheus.CounterVec
 	resumeQuery  *prometheus.CounterVec
 	state        *stateCollector
@@ -37,7 +38,7 @@ type Metrics struct {
 
 // NewMetrics declares the publisher's metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{
+	m := &Metrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_lines_published_total",
 			Help: "Lines acknowledged by JetStream, by message kind and entry type.",
@@ -103,6 +104,10 @@ func NewMetrics() *Metrics {
 			Name: "pisync_repeated_entry_ids_total",
 			Help: "Lines whose entry id an earlier line of the same generation already carries, mirrored under their ordinal so that the server keeps them.",
 		}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_lines_quarantined_total",
+			Help: "Lines the server refused for good (also the blob way), passed over unmirrored and listed on the status page, by reason.",
+		}, []string{"reason"}),
 		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_head_updates_total",
 			Help: "Writes to the heads bucket, by result (ok, error).",
@@ -128,6 +133,11 @@ func NewMetrics() *Metrics {
 			Help: "Unix time of the last acknowledgement received from JetStream.",
 		}),
 	}
+	// Exported at 0 from the start, so that an alert can tell "none" from "no data".
+	for _, reason := range []string{"max_payload", "too_large", "headers_too_large", "invalid", "blob"} {
+		m.quarantined.WithLabelValues(reason)
+	}
+	return m
 }
 
 // Register registers the metrics on r. The state collector (sessions, bytes, backlog) is
@@ -135,7 +145,7 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
 		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.quarantined, m.headUpdates, m.resumeQuery, m.tooLarge,
 		m.inflight, m.inflightB, m.lastAckUnix}
 	if m.state == nil {
 		m.state = &stateCollector{}

@@ -69,6 +69,8 @@ type Publisher struct {
 	cancel  context.CancelFunc
 	closing chan struct{}
 
+	quarantined quarantineList
+
 	commitFailures int          // consecutive, for rate-limited logging (commitLoop only)
 	headFailures   atomic.Int64 // consecutive, for rate-limited logging
 
@@ -109,6 +111,13 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 	setDefault(&opts.CommitInterval, 200*time.Millisecond)
 	setDefault(&opts.HeadInterval, 500*time.Millisecond)
 	setDefault(&opts.RetryMax, 30*time.Second)
+	if nc := opts.JS.Conn(); nc != nil {
+		if t := clampThreshold(opts.BlobThreshold, nc.MaxPayload()); t != opts.BlobThreshold {
+			opts.Logger.Warn("blob threshold lowered below the server's max_payload: larger lines go to the object store",
+				zap.Int64("configured", opts.BlobThreshold), zap.Int64("threshold", t), zap.Int64("max_payload", nc.MaxPayload()))
+			opts.BlobThreshold = t
+		}
+	}
 	if opts.BlobThreshold > opts.WindowBytes {
 		return nil, fmt.Errorf("publisher: blob threshold %d above the in-flight window %d", opts.BlobThreshold, opts.WindowBytes)
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 
 	"github.com/pisync/pisync/checkpoint"
@@ -39,10 +40,11 @@ type fileState struct {
 	queue []*item            // lines read past the frontier, in file order, not yet resolved
 	held  map[int64]heldLine // what the mirror already holds past the frontier (resume protocol)
 
-	failed    bool          // a publish failed: queue must be reconciled with the mirror
-	resyncing chan struct{} // closed when a running reconciliation ends
-	torn      int64         // bytes of a torn tail held by the watcher
-	seenEnd   int64         // end of the last line read
+	failed    bool            // a publish failed: queue must be reconciled with the mirror
+	retry     backoff.BackOff // pauses between reconciliations, reset by an acknowledgement
+	resyncing chan struct{}   // closed when a running reconciliation ends
+	torn      int64           // bytes of a torn tail held by the watcher
+	seenEnd   int64           // end of the last line read
 	cpDirty   bool
 	headDirty bool
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
@@ -73,6 +75,8 @@ type item struct {
 	done     bool
 	seq      uint64
 	inFlight bool
+	reblob   bool // refused whole by the server: being sent the blob way
+	dropped  bool // quarantined: refused for good, the frontier passes it unmirrored
 	slot     bool // holds one of the window's message slots until resolved
 }
 
@@ -156,7 +160,9 @@ func (st *fileState) advance() (released int64, n int) {
 		}
 		st.acked.LastSHA = it.sha
 		st.acked.LastLen = it.length
-		st.acked.Entries++
+		if !it.dropped {
+			st.acked.Entries++
+		}
 		st.acked.Bytes = it.end
 		if it.entry {
 			st.leaf.Apply(it.env)

@@ -18,21 +18,22 @@ import (
 
 // statusDoc is what /status.json and the status page show.
 type statusDoc struct {
-	Version      string                `json:"version"`
-	Ready        bool                  `json:"ready"`
-	Reason       string                `json:"reason"`
-	Tenant       string                `json:"tenant"`
-	Owner        string                `json:"owner"`
-	Host         string                `json:"host"`
-	NATS         natsStatus            `json:"nats"`
-	Roots        map[string]*rootState `json:"roots"` // by root (absolute path)
-	Total        rootState             `json:"total"` // every root together
-	InFlight     int                   `json:"in_flight"`
-	LagSeconds   float64               `json:"lag_seconds"` // age of the oldest line read and not acknowledged
-	Verification verifyStatus          `json:"verification"`
-	RecentErrors []recentEntry         `json:"recent_errors"`       // newest first, at most recentLogSize
-	ErrorsTotal  uint64                `json:"recent_errors_total"` // warnings and errors logged since start
-	Time         time.Time             `json:"time"`
+	Version      string                  `json:"version"`
+	Ready        bool                    `json:"ready"`
+	Reason       string                  `json:"reason"`
+	Tenant       string                  `json:"tenant"`
+	Owner        string                  `json:"owner"`
+	Host         string                  `json:"host"`
+	NATS         natsStatus              `json:"nats"`
+	Roots        map[string]*rootState   `json:"roots"` // by root (absolute path)
+	Total        rootState               `json:"total"` // every root together
+	InFlight     int                     `json:"in_flight"`
+	LagSeconds   float64                 `json:"lag_seconds"` // age of the oldest line read and not acknowledged
+	Verification verifyStatus            `json:"verification"`
+	RecentErrors []recentEntry           `json:"recent_errors"`       // newest first, at most recentLogSize
+	ErrorsTotal  uint64                  `json:"recent_errors_total"` // warnings and errors logged since start
+	Quarantined  []publisher.Quarantined `json:"quarantined"`         // lines the server refused for good, newest first
+	Time         time.Time               `json:"time"`
 }
 
 // natsStatus is the daemon's connection to NATS.
@@ -138,6 +139,10 @@ func (d *daemon) status() statusDoc {
 	doc.RecentErrors, doc.ErrorsTotal = recentLogOf(d.log).entries()
 	if doc.RecentErrors == nil {
 		doc.RecentErrors = []recentEntry{}
+	}
+	doc.Quarantined = []publisher.Quarantined{}
+	if d.up.Load() {
+		doc.Quarantined = d.pub.Quarantined()
 	}
 	return doc
 }
