@@ -45,6 +45,7 @@ TORTURE_FLAGS ?=
 SEED ?=
 OPS ?=
 EXCLUDE ?= known
+.PHONY: torture
 torture:
 	$(GO) test ./torture -run '^TestTorture$$' -count=1 -timeout 0 -v -args \
 		-torture.race \
