@@ -44,6 +44,10 @@ type Background struct {
 	Recheck  time.Duration // 0: a day
 	Logger   *zap.Logger
 	Metrics  *VerifyMetrics
+	// OnDrift, if set, is called for each file found to differ from its mirror copy.
+	// The daemon reopens the file as a rewrite there, so that drift starts a new
+	// generation instead of only being reported (verify imports no watcher: DESIGN §7).
+	OnDrift func(Target, Drift)
 
 	now   func() time.Time // tests move time
 	known map[string]verdict
@@ -139,6 +143,9 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 		case d.Drifted():
 			c.drifted++
 			b.Logger.Warn("local file and mirror differ", zap.String("path", t.Path), zap.Any("drift", d.Counts()))
+			if b.OnDrift != nil {
+				b.OnDrift(t, d)
+			}
 		default:
 			c.identical++
 			if statErr == nil && msgs != nil {

@@ -61,6 +61,12 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	clock := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	b := &Background{Mirror: sc, List: func() []Target { return targets }, Rate: 1000, Recheck: time.Hour,
 		Metrics: metrics, now: func() time.Time { return clock }}
+	var drifted []string // OnDrift calls: the daemon reopens these files as rewritten
+	b.OnDrift = func(t Target, d Drift) {
+		if d.Drifted() {
+			drifted = append(drifted, t.Path)
+		}
+	}
 	pass := func(wantScans int32, identical, drifted float64) {
 		t.Helper()
 		sc.scans.Store(0)
@@ -90,6 +96,9 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	tm.Publish(t, more, more.Msgs[len(more.Msgs)-1:], nil)
 	pass(1, 2, 1)
 	pass(1, 2, 1)
+	if len(drifted) != 2 || drifted[0] != files[1].path || drifted[1] != files[1].path {
+		t.Fatalf("OnDrift for %q, want %s twice", drifted, files[1].path)
+	}
 
 	// A file changed behind the daemon's back: a drift too.
 	lines := append([][]byte(nil), files[2].lines...)

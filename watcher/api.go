@@ -146,6 +146,11 @@ type Options struct {
 	// value. Rescans after an overflow, of roots short of watches, and checks for missing
 	// roots happen regardless.
 	RescanInterval time.Duration
+	// SettleDelay is how long a file must have been quiet after a change before every
+	// byte delivered from it is read again and compared (settle.go): the check that
+	// finds a rewrite keeping the header and the last delivered line. Negative
+	// disables it (default 2s).
+	SettleDelay time.Duration
 	// Events is the notification source; nil = fsnotify. Run closes it when it returns.
 	Events EventSource
 	// MoveGrace is how long the identity of a vanished file is remembered, so that a
@@ -168,6 +173,7 @@ const (
 	DefaultReadBuffer           = 256 << 10
 	DefaultRescanInterval       = time.Minute
 	DefaultMoveGrace            = 2 * time.Second
+	DefaultSettleDelay          = 2 * time.Second
 	DefaultRootPollInterval     = time.Second
 	DefaultFallbackPollInterval = 10 * time.Second
 	minReadBuffer               = 16
@@ -225,6 +231,9 @@ func (o *Options) normalize() error {
 	}
 	if o.ReadBuffer < minReadBuffer {
 		return fmt.Errorf("watcher: ReadBuffer %d is below %d bytes", o.ReadBuffer, minReadBuffer)
+	}
+	if o.SettleDelay == 0 {
+		o.SettleDelay = DefaultSettleDelay
 	}
 	if o.MoveGrace == 0 {
 		o.MoveGrace = DefaultMoveGrace

@@ -73,6 +73,37 @@ func BenchmarkLineReader(b *testing.B) {
 	}
 }
 
+// BenchmarkSettleCheck measures the settled check (settle.go) of a 12 MB file from
+// memory: what one quiet period after a change costs, per byte delivered.
+func BenchmarkSettleCheck(b *testing.B) {
+	content := bytes.Repeat([]byte(`{"type":"message","id":"abcd1234","text":"`+strings.Repeat("z", 200)+`"}`+"\n"), 50000)
+	g := &growing{data: content}
+	lr := newLineReader(DefaultReadBuffer, DefaultMaxInlineBytes)
+	b.SetBytes(int64(len(content)))
+	for b.Loop() {
+		if _, n, _, err := lr.prefixOf(g, int64(len(content))); err != nil || n != 50000 {
+			b.Fatal(n, err)
+		}
+	}
+}
+
+// BenchmarkLastLineCheck measures the per-event check of the last delivered line (a
+// 250-byte entry), the rewrite test every event pays.
+func BenchmarkLastLineCheck(b *testing.B) {
+	content := bytes.Repeat([]byte(`{"type":"message","id":"abcd1234","text":"`+strings.Repeat("z", 200)+`"}`+"\n"), 4)
+	g := &growing{data: content}
+	lr := newLineReader(DefaultReadBuffer, DefaultMaxInlineBytes)
+	var t tail
+	if _, err := lr.advance(g, &t, int64(len(content)), func(Line) error { return nil }); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := lr.checkLast(g, t.last); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkRescanIdle measures a periodic rescan of files that did not change: a stat of
 // each, nothing read. What it allocates per file is what an idle daemon allocates every
 // RescanInterval, and so how far its heap grows between collections.

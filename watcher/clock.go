@@ -13,8 +13,9 @@ import (
 type deadlineKind int
 
 const (
-	kindRetry deadlineKind = iota // look at the file again (fileState.retryAt)
-	kindGone                      // report the vanished file Gone (fileState.goneAt)
+	kindRetry  deadlineKind = iota // look at the file again (fileState.retryAt)
+	kindGone                       // report the vanished file Gone (fileState.goneAt)
+	kindSettle                     // check every delivered byte (fileState.settleAt)
 )
 
 type deadline struct {
@@ -61,6 +62,11 @@ func (w *Watcher) clockLoop(ctx context.Context) {
 			case kindRetry:
 				if s.retryAt.Equal(d.at) {
 					s.retryAt = time.Time{}
+					w.scheduleLocked(s)
+				}
+			case kindSettle:
+				if s.settleAt.Equal(d.at) {
+					s.settleAt, s.settleDue = time.Time{}, true
 					w.scheduleLocked(s)
 				}
 			case kindGone:

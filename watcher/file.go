@@ -21,6 +21,9 @@ type fileState struct {
 	dirty       bool // something happened while it ran: queue it again
 	dropped     bool // forgotten: runs do nothing
 	vanished    bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
+	reopen      bool // Reopen asked for it: the next run opens it again as Truncated
+	settleDue   bool // SettleDelay passed since the last change: the next run checks every delivered byte
+	settleAt    time.Time
 	goneDue     bool // MoveGrace is over: the next run reports Gone
 	moved       bool // re-keyed to a new path: the next run reports Moved
 	idKnown     bool
@@ -86,6 +89,8 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 	path, rel, r := s.path, s.rel, s.root
+	reopen, settle := s.reopen, s.settleDue
+	s.reopen, s.settleDue = false, false
 	id, idKnown := s.id, s.idKnown
 	if s.moved {
 		s.moved = false
@@ -138,11 +143,14 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 	size := fi.Size()
 	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Header: s.header, Size: size}
 
+	if reopen && s.current && !s.skip {
+		s.current, s.pendingWhy = false, Truncated
+	}
 	needOpen, why := false, s.pendingWhy
 	switch {
 	case !s.current:
 		needOpen = true
-	case !w.sameContent(lr, f, s, size):
+	case !w.sameContent(lr, f, s, size) || (settle && !s.skip && !w.samePrefix(lr, f, s)):
 		if s.movePending {
 			// Not the file we knew under this inode number (it was freed and reused):
 			// the old one is gone, this one is new.
@@ -180,7 +188,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			}
 			return
 		}
-		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset}
+		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prefixOK: st.Offset == 0}
 		if !st.Skip {
 			if err = checkStart(f, st, size); err == nil && st.Offset > 0 {
 				var n int64
@@ -308,8 +316,14 @@ func (w *Watcher) succeed(s *fileState, fi os.FileInfo) {
 		s.errKey = ""
 	}
 	s.backoff, s.agains = 0, 0
+	snap := snapOf(fi)
 	w.mu.Lock()
-	s.snap, s.needRun = snapOf(fi), false
+	if s.snap.ok && snap != s.snap && s.current && !s.skip && w.opts.SettleDelay > 0 {
+		// Changed since the last complete run: once it has been quiet for SettleDelay,
+		// every delivered byte is checked (a rewrite the per-run checks cannot see).
+		s.settleAt = w.afterLocked(w.opts.SettleDelay, s, kindSettle)
+	}
+	s.snap, s.needRun = snap, false
 	w.mu.Unlock()
 }
 

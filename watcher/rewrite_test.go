@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pisync/pisync/internal/sessiontest"
 )
@@ -262,4 +263,75 @@ func sinceLastOpen(s *recSink, path string) []string {
 		}
 	}
 	return out
+}
+
+// TestRewriteOfEarlierLineSameSize pins issue 13 item 12: Pi rewrites a file in place
+// (truncate, one write per entry) and changes a line before the last delivered one to
+// another of the same length; header, size, line boundaries and last line stay. The
+// settled check must find it within seconds, whether the rewrite comes after the
+// back-fill or during it (from inside Sink.Line).
+func TestRewriteOfEarlierLineSameSize(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(fmt.Sprintf("during back-fill %v", during), func(t *testing.T) {
+			root := t.TempDir()
+			p := filepath.Join(root, "s.jsonl")
+			old := session("same-len", 6)
+			repl := slices.Clone(old)
+			repl[2] = strings.Replace(repl[2], "same0002", "SAME0002", 1)
+			if len(repl[2]) != len(old[2]) || repl[2] == old[2] {
+				t.Fatal("bad fixture")
+			}
+			writeFile(t, p, joinLines(old...))
+			rewrite := func() {
+				b := make([][]byte, len(repl))
+				for i, s := range repl {
+					b[i] = []byte(s)
+				}
+				if err := sessiontest.Rewrite(p, b); err != nil {
+					t.Error(err)
+				}
+			}
+			sink := newRecSink()
+			if during {
+				var once sync.Once
+				sink.line = func(f File, l Line) error {
+					if l.Ordinal == 4 {
+						once.Do(rewrite)
+					}
+					return nil
+				}
+			}
+			h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
+			h.ready(t)
+			if !during {
+				waitLines(t, sink, p, old...)
+				rewrite()
+			}
+			waitFor(t, "the rewritten line after a Truncated open", func() bool {
+				return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
+			})
+			if r := sink.reasons(p); r[len(r)-1] != Truncated {
+				t.Fatalf("opens %v", r)
+			}
+		})
+	}
+}
+
+// TestReopen: what background verification asks for when it finds drift.
+func TestReopen(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	lines := session("reopen-x", 3)
+	writeFile(t, p, joinLines(lines...))
+	h := start(t, newRecSink(), []string{root}, nil)
+	h.ready(t)
+	waitLines(t, h.sink, p, lines...)
+	if h.w.Reopen(filepath.Join(root, "nope.jsonl")) {
+		t.Fatal("Reopen of an unknown file")
+	}
+	if !h.w.Reopen(p) {
+		t.Fatal("Reopen of a known file")
+	}
+	waitFor(t, "a Truncated open", func() bool { r := h.sink.reasons(p); return len(r) == 2 && r[1] == Truncated })
+	waitLines(t, h.sink, p, append(slices.Clone(lines), lines...)...)
 }

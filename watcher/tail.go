@@ -17,6 +17,11 @@ type tail struct {
 	ord     int64   // its ordinal
 	scanned int64   // [off, scanned) holds no '\n'; scanned >= off
 	last    lineSum // the last line delivered (the rewrite anchor, see rewrite.go)
+	// prefix folds the digests of every line delivered from ordinal 0 on (see fold);
+	// prefixOK says it covers [0, off): false for a tail resumed from a Start, until
+	// the settled check (settle.go) reads the file once.
+	prefix   uint64
+	prefixOK bool
 }
 
 // lineSum is the digest of one delivered line. Every file, idle or not, holds one: a
@@ -142,6 +147,7 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 			}
 			t.off, t.ord, t.scanned = end+1, t.ord+1, end+1
 			t.last = lineSum{ok: true, off: l.Offset, len: l.Len, sum: sum}
+			t.prefix = fold(t.prefix, t.last)
 			pos = end + 1
 			chunk = chunk[i+1:]
 			lr.acc, big, spans = lr.acc[:0], false, false

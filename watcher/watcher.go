@@ -151,6 +151,22 @@ func (w *Watcher) Stats() Stats {
 	return st
 }
 
+// Reopen asks for the file at path (absolute, as in File.Path) to be opened again as
+// Truncated, so that the sink compares all of it with what it mirrored, as after a
+// rewrite: background verification calls it when it finds a file and its mirror copy
+// differ. It reports whether the watcher knows the file.
+func (w *Watcher) Reopen(path string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.files[path]
+	if s == nil || s.dropped {
+		return false
+	}
+	s.reopen = true
+	w.scheduleLocked(s)
+	return true
+}
+
 // worker reads the files handed to it until the watcher closes.
 func (w *Watcher) worker(ctx context.Context) {
 	lr := newLineReader(0, w.opts.MaxInlineBytes)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -424,4 +425,52 @@ func mustConv(t *testing.T, r *mirror.Reader, key string) mirror.Conv {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestSameSizeRewriteNewGeneration pins issue 13 item 12 end to end: Pi rewrites a
+// mirrored file in place (truncate, one write per entry) and one line before the last
+// becomes another of the same length. Within seconds the newest generation must equal
+// the file.
+func TestSameSizeRewriteNewGeneration(t *testing.T) {
+	rng := rand.New(rand.NewPCG(53, 54))
+	srv := natstest.Run(t)
+	root := t.TempDir()
+	f := sessiontest.New(rng, root, "/same", sessiontest.HarnessV3)
+	if err := f.Append(f.HeaderLine("/same"), f.Message(300), f.Message(300), f.Message(300)); err != nil {
+		t.Fatal(err)
+	}
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	defer d.stop()
+	nc := natstest.Connect(t, srv.URL())
+	r := newReader(t, nc, "t1", "alice")
+	allMirrored(t, r, root, 20*time.Second)
+
+	lines := slices.Clone(f.Lines)
+	// Another entry id of the same length (what Pi's migration does to every line).
+	i := bytes.Index(lines[1], []byte(`"id":"`)) + len(`"id":"`)
+	changed := slices.Clone(lines[1])
+	if changed[i] == 'f' {
+		changed[i] = 'e'
+	} else {
+		changed[i] = 'f'
+	}
+	lines[1] = changed
+	if err := sessiontest.Rewrite(f.Path, lines); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g := readGen(t, r, f.ID, 0)
+		if g.Number == 2 && bytes.Equal(joinLines(g.Msgs), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("newest generation %d does not hold the rewritten file", g.Number)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -268,6 +268,14 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 	bg := &verify.Background{
 		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
 		Logger: d.log.Named("verify"), Metrics: vm,
+		OnDrift: func(t verify.Target, _ verify.Drift) {
+			// Drift is a rewrite the watcher did not see (or a hole in the mirror):
+			// reopening compares the whole file with the mirror, republishes what is
+			// missing and starts a new generation if a mirrored line changed.
+			if d.watch.Reopen(t.Path) {
+				d.log.Info("drift found by verification; reopening the file as rewritten", zap.String("path", t.Path))
+			}
+		},
 		List: func() []verify.Target {
 			// Wait for the first scan: before it, most files would look unmirrored.
 			select {
