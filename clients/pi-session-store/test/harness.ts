@@ -4,7 +4,7 @@
 // PISYNC_BIN and NATS_SERVER_BIN name binaries to use instead of building them.
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -67,15 +67,37 @@ export class Store {
     readonly url: string,
     private readonly nats: Proc,
     private readonly dir: string,
+    private readonly auth: boolean,
   ) {}
 
-  /** start runs nats-server (JetStream in a temp directory) and one `pisync serve`. */
-  static async start(): Promise<Store> {
+  /** Users of the authenticated server (start with `auth`): the service, and owners. */
+  static readonly serveUser = { user: "serve", pass: "serve-secret" };
+
+  /**
+   * start runs nats-server (JetStream in a temp directory) and one `pisync serve`. With
+   * auth, the server has one account with the user of the service and a user per name in
+   * owners (password `<name>-secret`), fenced as docs/store-protocol.md says: requests only
+   * on pisync.store.t1.<name>.>, replies only on _INBOX.t1.<name>.>.
+   */
+  static async start(options: { auth?: { owners: string[] } } = {}): Promise<Store> {
     const bin = binaries();
     const dir = mkdtempSync(join(tmpdir(), "pi-session-store-"));
     const port = await freePort();
-    const nats = new Proc("nats-server", spawn(bin.natsServer, ["-a", "127.0.0.1", "-p", String(port), "-js", "-sd", join(dir, "js")]));
-    const store = new Store(`nats://127.0.0.1:${port}`, nats, dir);
+    let args = ["-a", "127.0.0.1", "-p", String(port), "-js", "-sd", join(dir, "js")];
+    if (options.auth) {
+      const owners = options.auth.owners.map(
+        (o) => `{ user: ${o}, password: ${o}-secret, permissions: { publish: { allow: ["pisync.store.t1.${o}.>"] }, subscribe: { allow: ["_INBOX.t1.${o}.>"] } } }`,
+      );
+      const conf = join(dir, "nats.conf");
+      writeFileSync(
+        conf,
+        `listen: "127.0.0.1:${port}"\njetstream { store_dir: "${join(dir, "js")}" }\n` +
+          `accounts { T1 { jetstream: enabled, users: [ { user: ${Store.serveUser.user}, password: ${Store.serveUser.pass} }, ${owners.join(", ")} ] } }\n`,
+      );
+      args = ["-c", conf];
+    }
+    const nats = new Proc("nats-server", spawn(bin.natsServer, args));
+    const store = new Store(`nats://127.0.0.1:${port}`, nats, dir, options.auth !== undefined);
     await store.waitNats();
     await store.startServe();
     return store;
@@ -85,7 +107,7 @@ export class Store {
     const deadline = Date.now() + 20_000;
     for (;;) {
       try {
-        const nc = await connect({ servers: this.url, reconnect: false });
+        const nc = await connect({ ...this.credentials(), servers: this.url, reconnect: false });
         await nc.close();
         return;
       } catch (err) {
@@ -98,7 +120,13 @@ export class Store {
   /** startServe starts one more `pisync serve` replica and waits until it answers. */
   async startServe(): Promise<Proc> {
     const bin = binaries();
-    const serve = new Proc("pisync serve", spawn(bin.pisync, ["serve", "--nats", this.url, "--http-addr", "127.0.0.1:0"], { env: { ...process.env, PISYNC_HTTP_ADDR: "" } }));
+    const args = ["serve", "--nats", this.url, "--http-addr", "127.0.0.1:0"];
+    const env: NodeJS.ProcessEnv = { ...process.env };
+    if (this.auth) {
+      args.push("--nats-user", Store.serveUser.user);
+      env.PISYNC_NATS_PASSWORD = Store.serveUser.pass;
+    }
+    const serve = new Proc("pisync serve", spawn(bin.pisync, args, { env }));
     this.serves.push(serve);
     const nc = await this.connect();
     try {
@@ -123,8 +151,13 @@ export class Store {
     return this.serves;
   }
 
+  /** connect connects as the service's user (any subject, any inbox). */
   connect(): Promise<NatsConnection> {
-    return connect({ servers: this.url });
+    return connect({ ...this.credentials(), servers: this.url });
+  }
+
+  private credentials(): { user?: string; pass?: string } {
+    return this.auth ? { ...Store.serveUser } : {};
   }
 
   /** logs is what the processes printed, for a failing test's message. */
