@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"os"
 
 	"github.com/pisync/pisync/watcher"
 )
@@ -23,20 +22,16 @@ func (p *Publisher) putBlob(ctx context.Context, f watcher.File, l watcher.Line,
 	if data != nil {
 		r = bytes.NewReader(data)
 	} else {
-		fh, err := os.Open(f.Path)
-		if err != nil {
-			return fmt.Errorf("%s line %d: open for blob: %w", f.Path, l.Ordinal+1, err)
-		}
-		defer fh.Close()
-		check = &digestReader{r: io.NewSectionReader(fh, l.Offset, l.Len), h: sha256.New()}
+		// The descriptor that read the line, never the path (which may name another file).
+		check = &digestReader{r: io.NewSectionReader(l.Src, l.Offset, l.Len), h: sha256.New()}
 		r = check
 	}
 	uploaded, err := p.writer.PutBlob(ctx, sha, r)
 	if err != nil {
 		return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 	}
-	if check != nil && uploaded && hex.EncodeToString(check.h.Sum(nil)) != sha {
-		return fmt.Errorf("%s line %d: changed while it was uploaded", f.Path, l.Ordinal+1)
+	if check != nil && uploaded && (check.n != l.Len || hex.EncodeToString(check.h.Sum(nil)) != sha) {
+		return fmt.Errorf("%s line %d: changed while it was uploaded: %w", f.Path, l.Ordinal+1, watcher.ErrReopen)
 	}
 	if uploaded {
 		p.m.blobs.Inc()
@@ -50,10 +45,12 @@ func (p *Publisher) putBlob(ctx context.Context, f watcher.File, l watcher.Line,
 type digestReader struct {
 	r io.Reader
 	h hash.Hash
+	n int64 // bytes read
 }
 
 func (d *digestReader) Read(b []byte) (int, error) {
 	n, err := d.r.Read(b)
 	d.h.Write(b[:n])
+	d.n += int64(n)
 	return n, err
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -55,7 +54,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 
 	data := l.Data
 	if data == nil && l.Len <= maxBufferedLine {
-		buf, err := readPrefix(f.Path, l.Offset, l.Len)
+		buf, err := readSection(l.Src, l.Offset, l.Len)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
@@ -65,7 +64,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	var sha string
 	if data == nil {
 		// Lines above the inline limit are read from the file in bounded chunks.
-		d, err := digestSection(f.Path, l.Offset, l.Len)
+		d, err := digestSection(l.Src, l.Offset, l.Len)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
@@ -143,7 +142,7 @@ func (p *Publisher) classify(st *fileState, it *item, data []byte, f watcher.Fil
 	if data == nil {
 		// Too large to hold in memory: the envelope comes from the line's first bytes,
 		// where Pi writes it, ahead of the payload.
-		prefix, err := readPrefix(f.Path, l.Offset, min(l.Len, 64<<10))
+		prefix, err := readSection(l.Src, l.Offset, min(l.Len, 64<<10))
 		if err == nil {
 			if env, ok := session.ScanEnvelopePrefix(prefix); ok {
 				it.kind, it.env, it.entry = mirror.KindEntry, env, true
@@ -525,28 +524,31 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	return nil
 }
 
-// digestSection hashes length bytes at offset of path, in bounded memory.
-func digestSection(path string, offset, length int64) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
+// digestSection hashes length bytes at offset of src (the descriptor the watcher read
+// the line with), in bounded memory. A short section means the file changed under the
+// line: the watcher reopens it (ErrReopen).
+func digestSection(src io.ReaderAt, offset, length int64) (string, error) {
 	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, offset, length)); err != nil {
+	n, err := io.Copy(h, io.NewSectionReader(src, offset, length))
+	if err != nil {
 		return "", fmt.Errorf("read: %w", err)
+	}
+	if n < length {
+		return "", fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, n, length, watcher.ErrReopen)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func readPrefix(path string, offset, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// readSection reads n bytes at offset of src (the descriptor the watcher read the line
+// with). A short read means the file changed under the line: the watcher reopens it
+// (ErrReopen); the bytes are never padded.
+func readSection(src io.ReaderAt, offset, n int64) ([]byte, error) {
 	buf := make([]byte, n)
-	if _, err := f.ReadAt(buf, offset); err != nil && !errors.Is(err, io.EOF) {
+	got, err := src.ReadAt(buf, offset)
+	if int64(got) < n {
+		if err == nil || errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, got, n, watcher.ErrReopen)
+		}
 		return nil, err
 	}
 	return buf, nil

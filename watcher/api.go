@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"time"
@@ -85,8 +86,13 @@ type Line struct {
 	Ordinal int64     // 0 for line 1, then 1, 2, … in file order
 	Offset  int64     // byte offset of the line's first byte
 	Len     int64     // length without the terminating "\n" (a "\r" before it stays part of the line)
-	Data    []byte    // the bytes, without "\n"; nil when Len > Options.MaxInlineBytes (the sink then reads the section from the file itself with bounded memory). Valid only during the call.
+	Data    []byte    // the bytes, without "\n"; nil when Len > Options.MaxInlineBytes (the sink then reads the section from Src with bounded memory). Valid only during the call.
 	Seen    time.Time // when the watcher first read the line's last byte
+	// Src is the descriptor the watcher read the line with, valid only during the call.
+	// A sink that reads the line again (Data is nil) reads it here, never by path: the
+	// path may name another file by then. A read shorter than Len means the file changed:
+	// return an error wrapping ErrReopen, never pad.
+	Src io.ReaderAt
 }
 
 // ErrReopen, returned (wrapped) by Sink.Line, asks the watcher to open the file again as

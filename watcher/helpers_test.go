@@ -92,14 +92,9 @@ func (s *recSink) Line(_ context.Context, f File, l Line) error {
 	defer s.leave(f.ID)
 	gl := gotLine{Ord: l.Ordinal, Off: l.Offset, Len: l.Len, Inline: l.Data != nil, Data: string(l.Data)}
 	if l.Data == nil {
-		// Like the real sink: read the section from the file itself.
+		// Like the real sink: read the section through the watcher's descriptor.
 		b := make([]byte, l.Len)
-		fh, err := os.Open(f.Path)
-		if err == nil {
-			_, err = fh.ReadAt(b, l.Offset)
-			fh.Close()
-		}
-		if err != nil {
+		if _, err := l.Src.ReadAt(b, l.Offset); err != nil {
 			return err
 		}
 		gl.Data = string(b)

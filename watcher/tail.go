@@ -120,7 +120,7 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 				}
 				checked = true
 			}
-			l := Line{Ordinal: t.ord, Offset: t.off, Len: end - t.off, Seen: seen}
+			l := Line{Ordinal: t.ord, Offset: t.off, Len: end - t.off, Seen: seen, Src: r}
 			if !big && l.Len <= lr.maxInline {
 				if len(lr.acc) == 0 {
 					l.Data = chunk[:i:i]

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 )
 
 // growing is a file that is being appended to: ReadAt sees only what was written.
@@ -268,4 +272,44 @@ func FuzzTail(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLineSrcIsTheReadingDescriptor pins issue 13 item 7: a line too large for Line.Data
+// is read again through Line.Src, the descriptor that read it, so another file renamed
+// over the path meanwhile is not read in its place.
+func TestLineSrcIsTheReadingDescriptor(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	lines := session("srcdesc1", 1)
+	big := `{"type":"message","id":"big00001","parentId":null,"text":"` + strings.Repeat("b", 300) + `"}`
+	lines = append(lines, big)
+	writeFile(t, p, joinLines(lines...))
+	other := filepath.Join(root, "other.tmp")
+	writeFile(t, other, strings.Repeat("X", 2000)+"\n")
+	sink := newRecSink()
+	got := make(chan string, 1)
+	sink.line = func(f File, l Line) error {
+		if l.Data != nil {
+			return nil
+		}
+		if err := os.Rename(other, p); err != nil {
+			t.Error(err)
+		}
+		b := make([]byte, l.Len)
+		if _, err := l.Src.ReadAt(b, l.Offset); err != nil {
+			t.Error(err)
+		}
+		got <- string(b)
+		return nil
+	}
+	h := start(t, sink, []string{root}, func(o *Options) { o.MaxInlineBytes = 200 })
+	h.ready(t)
+	select {
+	case b := <-got:
+		if b != big {
+			t.Fatalf("read %q…, want the line the watcher read", b[:20])
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no large line delivered")
+	}
 }
