@@ -4,19 +4,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/pisync/pisync/internal/promcheck"
 )
 
 const exportedFile = "testdata/exported-metrics.txt"
 
-func loadExported(t *testing.T) map[string]Family {
+func loadExported(t *testing.T) map[string]promcheck.Family {
 	t.Helper()
-	ex, err := LoadExported(exportedFile)
+	ex, err := promcheck.LoadExported(exportedFile)
 	if err != nil {
 		t.Fatalf("%v (written by: go test ./cmd/pisync -run TestExportedMetrics -update)", err)
 	}
@@ -215,16 +216,16 @@ func TestDashboards(t *testing.T) {
 	for file, d := range loadDashboards(t) {
 		for _, q := range dashboardQueries(t, file, d) {
 			expr := substitute(q.expr)
-			pend, problems := Check(expr, exported, TargetLabels, Synthetic, Pending)
+			pend, problems := promcheck.Check(expr, exported, promcheck.TargetLabels, promcheck.Synthetic, promcheck.Pending)
 			for _, p := range problems {
 				t.Errorf("%s: %s: %s\n\t%s", file, q.where, p, q.expr)
 			}
 			for _, m := range pend {
 				pendingUsed[m] = true
 			}
-			if u, err := Scan(expr); err == nil {
+			if u, err := promcheck.Scan(expr); err == nil {
 				for _, m := range u.Metrics {
-					if f, ok := Resolve(m, exported); ok {
+					if f, ok := promcheck.Resolve(m, exported); ok {
 						onDashboard[f.Name] = true
 					}
 				}
@@ -242,7 +243,7 @@ func TestDashboards(t *testing.T) {
 		t.Errorf("exported metrics on no dashboard: %v", missing)
 	}
 	for m := range pendingUsed {
-		t.Logf("uses %s, which the daemon does not export yet (dashboards.Pending)", m)
+		t.Logf("uses %s, which the daemon does not export yet (promcheck.Pending)", m)
 	}
 }
 
@@ -250,39 +251,9 @@ func TestDashboards(t *testing.T) {
 // the Pending list so that it is checked like every other.
 func TestPendingNotExported(t *testing.T) {
 	exported := loadExported(t)
-	for m, labels := range Pending {
+	for m, labels := range promcheck.Pending {
 		if f, ok := exported[m]; ok {
-			t.Errorf("%s is exported now (labels %v; pending said %v): remove it from dashboards.Pending", m, f.Labels, labels)
+			t.Errorf("%s is exported now (labels %v; pending said %v): remove it from promcheck.Pending", m, f.Labels, labels)
 		}
-	}
-}
-
-// TestDashboardQueriesParse has promtool parse every dashboard query, as recording
-// rules, with Prometheus' own PromQL parser.
-func TestDashboardQueriesParse(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool not found; CI must install it (apt-get install -y prometheus)")
-		}
-		t.Skip("promtool not found (apt-get install -y prometheus); the metric-name checks still ran")
-	}
-	var b strings.Builder
-	b.WriteString("groups:\n- name: dashboard-queries\n  rules:\n")
-	n := 0
-	for file, d := range loadDashboards(t) {
-		for _, q := range dashboardQueries(t, file, d) {
-			n++
-			expr, _ := json.Marshal(substitute(q.expr)) // a JSON string is a YAML double-quoted scalar
-			fmt.Fprintf(&b, "  # %s: %s\n  - record: dashboard:query_%d\n    expr: %s\n", file, q.where, n, expr)
-		}
-	}
-	rules := filepath.Join(t.TempDir(), "dashboard-queries.yml")
-	if err := os.WriteFile(rules, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(promtool, "check", "rules", rules).CombinedOutput()
-	if err != nil {
-		t.Errorf("promtool check rules on the %d dashboard queries: %v\n%s", n, err, out)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/pisync/pisync/internal/promcheck"
 )
 
 const metricsDoc = "../README.md"
@@ -75,7 +77,7 @@ func TestMetricsDoc(t *testing.T) {
 			t.Errorf("%s is documented in %s but the daemon does not export it", name, metricsDoc)
 		}
 	}
-	for name := range Pending {
+	for name := range promcheck.Pending {
 		if !strings.Contains(text, "`"+name+"`") {
 			t.Errorf("pending metric %s is not described in %s (## Planned)", name, metricsDoc)
 		}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/dashboards"
+	"github.com/pisync/pisync/internal/promcheck"
 )
 
 // The alerts issue 5 asks for; each must exist, be tested and have a runbook section.
@@ -61,7 +61,7 @@ func alertRules(t *testing.T) []alertRule {
 // labels the daemon exports, that the alerts of issue 5 are all there, and that each
 // points at a runbook section that exists.
 func TestAlertRules(t *testing.T) {
-	exported, err := dashboards.LoadExported("../dashboards/testdata/exported-metrics.txt")
+	exported, err := promcheck.LoadExported("../dashboards/testdata/exported-metrics.txt")
 	if err != nil {
 		t.Fatalf("%v (written by: go test ./cmd/pisync -run TestExportedMetrics -update)", err)
 	}
@@ -70,12 +70,12 @@ func TestAlertRules(t *testing.T) {
 	var names []string
 	for _, r := range alertRules(t) {
 		names = append(names, r.name)
-		pending, problems := dashboards.Check(r.expr, exported, dashboards.TargetLabels, dashboards.Synthetic, dashboards.Pending)
+		pending, problems := promcheck.Check(r.expr, exported, promcheck.TargetLabels, promcheck.Synthetic, promcheck.Pending)
 		for _, p := range problems {
 			t.Errorf("alert %s: %s\n\t%s", r.name, p, r.expr)
 		}
 		for _, m := range pending {
-			t.Logf("alert %s uses %s, which the daemon does not export yet (dashboards.Pending)", r.name, m)
+			t.Logf("alert %s uses %s, which the daemon does not export yet (promcheck.Pending)", r.name, m)
 		}
 		file, anchor, ok := strings.Cut(r.runbook, "#")
 		if !ok || file != "docs/runbook-migration.md" || !anchors[anchor] {

@@ -1,4 +1,4 @@
-package dashboards
+package promcheck
 
 import (
 	"slices"
@@ -40,7 +40,7 @@ func TestScan(t *testing.T) {
 		{
 			expr:      `topk(20, sum without (root) (pisync_backlog_bytes)) and on (instance) max_over_time(x[30m:1m])`,
 			metrics:   []string{"pisync_backlog_bytes", "x"},
-			grouping:  []string{"root", "instance"},
+			grouping:  []string{"instance", "root"}, // the binary operator is met first
 			functions: []string{"max_over_time", "sum", "topk"},
 		},
 	} {
@@ -79,6 +79,11 @@ func TestScanRefuses(t *testing.T) {
 		`x{a="b}`,                   // unterminated string
 		`{__name__="x"}`,            // no metric name to check
 		`rate(x[$__rate_interval])`, // a Grafana variable left in
+		// What only a real parser sees:
+		`rate(x)`,                   // an instant vector where a range is expected
+		`sum(x) by`,                 // a grouping without its labels
+		`x + on (a) group_left y z`, // two expressions side by side
+		`histogram_quantile(x[5m])`, // wrong number of arguments
 	} {
 		if _, err := Scan(expr); err == nil {
 			t.Errorf("%s: accepted", expr)
