@@ -17,6 +17,7 @@ import (
 
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/pitest"
+	"github.com/pisync/pisync/mirror"
 )
 
 // storeSetup is what every store test needs: the package's script, pisync built, and a
@@ -205,7 +206,8 @@ func TestStoreTwoRuntimesRace(t *testing.T) {
 			Entries    []string `json:"entries"`
 			Head       string   `json:"head"`
 		}
-		ps.JSON(t, &r, append([]string{"race", "--id", fmt.Sprintf("019ad000-0000-7000-8000-0000000010%02d", round)}, storeArgs(srv.URL())...)...)
+		id := fmt.Sprintf("019ad000-0000-7000-8000-0000000010%02d", round)
+		ps.JSON(t, &r, append([]string{"race", "--id", id}, storeArgs(srv.URL())...)...)
 		won, lost := -1, -1
 		for i, o := range r.Outcome {
 			if o.Status == "fulfilled" {
@@ -229,6 +231,8 @@ func TestStoreTwoRuntimesRace(t *testing.T) {
 		}
 		if want := []string{r.Root, w.ID, r.Continued}; !reflect.DeepEqual(r.Entries, want) || r.Head != r.Continued {
 			t.Errorf("round %d: the session holds %v (head %s), want %v", round, r.Entries, r.Head, want)
+		} else if got := streamEntryIDs(t, srv.URL(), id); !reflect.DeepEqual(got, want) {
+			t.Errorf("round %d: the stream holds %v, want %v", round, got, want)
 		}
 	}
 }
@@ -292,6 +296,34 @@ func TestStoreServeKilledMidAppend(t *testing.T) {
 	if !reflect.DeepEqual(final.Entries, acked) || final.Head != acked[count-1] {
 		t.Errorf("the session holds %d entries %v (head %s), want exactly the %d acknowledged %v", len(final.Entries), final.Entries, final.Head, count, acked)
 	}
+	if got := streamEntryIDs(t, srv.URL(), "019ad000-0000-7000-8000-000000002000"); !reflect.DeepEqual(got, acked) {
+		t.Errorf("the stream holds %d entry messages %v, want exactly the %d acknowledged, once each, in order: %v", len(got), got, count, acked)
+	}
+}
+
+// streamEntryIDs lists the entry id of every message the stream holds for a conversation
+// of the test owner, in stream order, the header left out: what is stored, not what the
+// store's open makes of it.
+func streamEntryIDs(t *testing.T, url, id string) []string {
+	t.Helper()
+	mc := newMirrorClient(t, url)
+	conv, err := mc.r.Conv(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = mc.r.Scan(ctx, conv, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
+		if m.Kind != mirror.KindHeader {
+			ids = append(ids, m.EntryID)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // relFiles lists the session files under root, relative to it.

@@ -25,7 +25,9 @@ func (b Bound) Reader(o Owner) *Reader {
 
 // Writer is the blob and head writer of one owner on the bound objects.
 func (b Bound) Writer(o Owner) *Writer {
-	return &Writer{names: b.Names, owner: o, heads: b.Heads, blobs: b.Blobs, revs: map[string]uint64{}}
+	// Every field NewWriter sets: PutBlob sizes its chunks from js's connection, and
+	// maxRevs bounds the revisions remembered.
+	return &Writer{js: b.JS, names: b.Names, owner: o, heads: b.Heads, blobs: b.Blobs, revs: map[string]uint64{}, maxRevs: DefaultMaxRevisions}
 }
 
 // Bind binds the stream, the heads bucket and the blobs bucket; they must have been

@@ -224,7 +224,10 @@ async function dumpSession(session, root) {
   const leafId = await storage.getLeafId();
   const paths = {};
   const labels = {};
+  const byId = {}; // getEntry of every id: the entry itself (true), or what it gave instead
   for (const e of entries) {
+    const got = await storage.getEntry(e.id);
+    byId[e.id] = JSON.stringify(got) === JSON.stringify(e) || (got ?? null);
     if (e.type !== "leaf") paths[e.id] = await attempt(async () => (await storage.getPathToRootOrCompaction(e.id)).map((x) => x.id));
     const label = await storage.getLabel(e.id);
     if (label !== undefined) labels[e.id] = label;
@@ -238,6 +241,7 @@ async function dumpSession(session, root) {
     leafId,
     pathToLeaf: await attempt(() => storage.getPathToRootOrCompaction(leafId)),
     paths,
+    byId,
     labels,
     sessionName: (await storage.getSessionName()) ?? null,
     stats: await storage.getSessionStats(),
