@@ -56,7 +56,10 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 	}
 	st.mu.Lock()
 	it.msg = p.opts.Names.NewMsg(st.conv, l, it.msg.Data)
-	it.kind, it.entry = l.Kind, false // raw: never interpreted, so no leaf move either
+	// it.entry stays: Pi moves its leaf to a repeated id as to any entry, and so do the
+	// head and recovery (which applies the leaf rule to a raw line that is an entry with
+	// a valid id: only a repeat is mirrored so).
+	it.kind = l.Kind
 	st.mu.Unlock()
 	// An error here means the publisher is closing: the line, unresolved, is published
 	// again at the next start.

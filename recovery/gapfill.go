@@ -51,6 +51,10 @@ func (b *builder) run() {
 				if malformed(l) {
 					b.malformed++
 				}
+				if env, ok := repeatedEntry(l); ok {
+					b.leaf.Apply(env)
+					b.anchor.Apply(env)
+				}
 			}
 		default:
 			if l.HasEnv {
@@ -89,6 +93,20 @@ func malformed(l Line) bool {
 	}
 	_, err := session.ScanEntry(l.Data)
 	return err != nil
+}
+
+// repeatedEntry returns the envelope of a raw line that is an entry with a valid id: the
+// publisher mirrors so an entry repeating an earlier id of its generation. Pi moves its
+// leaf to it as to any entry, and so does the rebuild.
+func repeatedEntry(l Line) (session.Envelope, bool) {
+	if l.Data == nil {
+		return session.Envelope{}, false
+	}
+	env, err := session.ScanEntry(l.Data)
+	if err != nil || env.ID == "" || !mirror.ValidEntryID(env.ID) {
+		return session.Envelope{}, false
+	}
+	return env, true
 }
 
 func (b *builder) emit(l Line) {

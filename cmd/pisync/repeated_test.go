@@ -73,6 +73,16 @@ func TestRepeatedEntryIDKeptAndRecovered(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Pi moves its leaf to a repeated id as to any entry: so does the head.
+	c, err := r.Conv(f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _, err := r.Head(context.Background(), c)
+	if err != nil || head.Head != idOf(e3) {
+		t.Errorf("head %q, %v; want the leaf Pi computes, %s (the repeated id last appended)", head.Head, err, idOf(e3))
+	}
+
 	want := f.Content()
 	if err := os.Remove(f.Path); err != nil {
 		t.Fatal(err)
