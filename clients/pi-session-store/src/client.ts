@@ -80,7 +80,11 @@ export class StoreClient implements Appender {
       if (reply.ok) return reply;
       const e = reply.error ?? { code: "unavailable" as const, message: "reply without error" };
       const message = `${op}: ${e.message ?? e.code}`;
-      if (e.code === "conflict") throw new StoreConflictError(message, e.head ?? null);
+      if (e.code === "conflict") {
+        const conflict = new StoreConflictError(message, e.head ?? null, e.reason);
+        conflict.afterNoReply = last !== undefined;
+        throw conflict;
+      }
       last = new StoreError(e.code, message);
       if (e.code !== "unavailable") throw last;
     }

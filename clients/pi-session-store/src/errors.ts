@@ -35,10 +35,18 @@ export class StoreError extends SessionError {
 export class StoreConflictError extends StoreError {
   /** The store's current head (null: the session has no entries yet). */
   readonly head: string | null;
+  /** The store's reason: "head", "entry_exists" (append) or "exists" (create, fork). */
+  readonly reason: string | undefined;
+  /**
+   * afterNoReply says that an earlier attempt of the same request got no reply: it may
+   * have been served, and this conflict may be with that request's own effect.
+   */
+  afterNoReply = false;
 
-  constructor(message: string, head: string | null) {
+  constructor(message: string, head: string | null, reason?: string) {
     super("conflict", message);
     this.name = "StoreConflictError";
     this.head = head;
+    this.reason = reason;
   }
 }

@@ -8,6 +8,7 @@ import {
 } from "@earendil-works/pi-agent-core";
 import { connect, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { StoreClient, type ClientOptions } from "./client.js";
+import { StoreConflictError } from "./errors.js";
 import type { NatsSessionCreateOptions, NatsSessionListOptions, NatsSessionMetadata } from "./metadata.js";
 import type { CreateReply, ListReply, WireMeta } from "./protocol.js";
 import { NatsSessionStorage } from "./storage.js";
@@ -120,9 +121,21 @@ export class NatsSessionRepo implements SessionRepo<NatsSessionMetadata, NatsSes
       request.entryId = options.entryId;
       request.position = options.position ?? "before";
     }
-    await store.call<CreateReply>("fork", request);
+    const target = this.metadata({ id, createdAt: "", cwd: options.cwd, path: "" });
+    try {
+      await store.call<CreateReply>("fork", request);
+    } catch (err) {
+      // A fork is not idempotent in the store: when an attempt got no reply, the retry finds
+      // the fork made. It is ours if its header is the one we sent.
+      if (!(err instanceof StoreConflictError && err.afterNoReply && err.reason === "exists")) throw err;
+      const made = await this.open(target);
+      const m = await made.getMetadata();
+      const again = headerLine(id, { cwd: m.cwd, parentSessionPath: m.parentSessionPath, metadata: m.metadata }, m.createdAt);
+      if (again !== line) throw err;
+      return made;
+    }
     // The fork's entries are read back: the index must hold exactly what the store holds.
-    return this.open(this.metadata({ id, createdAt: "", cwd: options.cwd, path: "" }));
+    return this.open(target);
   }
 
   private session(store: StoreClient, wire: WireMeta, entries: SessionTreeEntry[], head: string | null): Session<NatsSessionMetadata> {
@@ -143,12 +156,12 @@ export class NatsSessionRepo implements SessionRepo<NatsSessionMetadata, NatsSes
  * headerLine is the header Pi's JsonlSessionStorage.create writes, key for key, so that the
  * store holds (and `pisync recover` writes) the line Pi's JSONL backend would.
  */
-export function headerLine(id: string, options: Omit<NatsSessionCreateOptions, "id">): string {
+export function headerLine(id: string, options: Omit<NatsSessionCreateOptions, "id">, timestamp = new Date().toISOString()): string {
   return JSON.stringify({
     type: "session",
     version: 3,
     id,
-    timestamp: new Date().toISOString(),
+    timestamp,
     cwd: options.cwd,
     parentSession: options.parentSessionPath,
     metadata: options.metadata,

@@ -26,6 +26,26 @@ function user(text: string, extra: object[] = []) {
   return { role: "user" as const, content: [{ type: "text" as const, text }, ...extra], timestamp: Date.now() } as never;
 }
 
+// dropFirstReply is nc whose first request to a subject ending in suffix is served, and
+// its reply then dropped: the caller sees a timeout, as when a reply is lost.
+function dropFirstReply(nc: NatsConnection, suffix: string): NatsConnection {
+  let dropped = 0;
+  return new Proxy(nc, {
+    get(target, prop, receiver) {
+      if (prop === "dropped") return dropped;
+      if (prop !== "request") return Reflect.get(target, prop, receiver);
+      return async (subj: string, payload: string, opts: object) => {
+        const msg = await target.request(subj, payload, opts as never);
+        if (subj.endsWith(suffix) && dropped === 0) {
+          dropped++;
+          throw new TimeoutError();
+        }
+        return msg;
+      };
+    },
+  }) as NatsConnection;
+}
+
 let store: Store;
 const repos: NatsSessionRepo[] = [];
 
@@ -92,6 +112,22 @@ describe("NatsSessionRepo", () => {
     const entry = (await reopened.getEntry(id)) as { message: { content: Array<{ data?: string }> } };
     assert.equal(entry.message.content[1]?.data, data);
     assert.equal((await reopened.getEntries()).length, 2);
+  });
+
+  test("open reads a session of several reply pages, and list pages past 500 sessions", async () => {
+    const r = repo();
+    const s = await r.create({ cwd: "/home/dev/pages" });
+    const ids: string[] = [];
+    for (let i = 0; i < 1500; i++) ids.push(await s.appendMessage(user(`entry ${i} `.padEnd(2000, "p"))));
+    const reopened = await r.open(await s.getMetadata());
+    assert.deepEqual((await reopened.getEntries()).map((e) => e.id), ids); // about 3 MB: 4 replies
+    assert.equal(await reopened.getLeafId(), ids[ids.length - 1]);
+
+    const created = [(await s.getMetadata()).id];
+    for (let i = 0; i < 500; i++) created.push((await (await r.create({ cwd: "/home/dev/many" })).getMetadata()).id);
+    const listed = await r.list();
+    assert.equal(listed.length, 501);
+    assert.deepEqual(new Set(listed.map((m) => m.id)), new Set(created));
   });
 
   test("list, fork at and before an entry, and delete", async () => {
@@ -223,30 +259,39 @@ describe("NatsSessionStorage", () => {
     assert.equal((await storage.getEntries()).length, 1);
   });
 
+  test("a retried fork whose reply was lost gives the fork made", async () => {
+    const nc = await store.connect();
+    try {
+      const owner = `owner-${randomUUID().slice(0, 8)}`;
+      const r = repo(owner, { connection: dropFirstReply(nc, ".fork"), servers: undefined });
+      const s = await r.create({ cwd: "/home/dev/fork-retry" });
+      const u1 = await s.appendMessage(user("one"));
+      await s.appendMessage(user("two"));
+      const fork = await r.fork(await s.getMetadata(), { cwd: "/home/dev/fork-retry", entryId: u1, position: "at" });
+      assert.deepEqual((await fork.getEntries()).map((e) => e.id), [u1]);
+      assert.equal((await r.list()).length, 2);
+      // Someone else's fork under that id is still a conflict.
+      const other = await r.create({ cwd: "/home/dev/other" });
+      await assert.rejects(
+        r.fork(await s.getMetadata(), { cwd: "/home/dev/elsewhere", id: (await other.getMetadata()).id }),
+        StoreConflictError,
+      );
+    } finally {
+      await nc.close();
+    }
+  });
+
   test("a retried append whose reply was lost is stored once", async () => {
     const nc = await store.connect();
     try {
       // The first append is served, then its reply is dropped: the client sees a timeout
       // and sends the same request again.
-      let dropped = 0;
-      const lossy = new Proxy(nc, {
-        get(target, prop, receiver) {
-          if (prop !== "request") return Reflect.get(target, prop, receiver);
-          return async (subj: string, payload: string, opts: object) => {
-            const msg = await target.request(subj, payload, opts as never);
-            if (subj.endsWith(".append") && dropped === 0) {
-              dropped++;
-              throw new TimeoutError();
-            }
-            return msg;
-          };
-        },
-      }) as NatsConnection;
+      const lossy = dropFirstReply(nc, ".append");
       const owner = `owner-${randomUUID().slice(0, 8)}`;
       const r = repo(owner, { connection: lossy, servers: undefined });
       const s = await r.create({ cwd: "/home/dev/retry" });
       const id = await s.appendMessage(user("sent twice, stored once"));
-      assert.equal(dropped, 1);
+      assert.equal((lossy as unknown as { dropped: number }).dropped, 1);
       const reopened = await r.open(await s.getMetadata());
       assert.deepEqual((await reopened.getEntries()).map((e) => e.id), [id]);
       // The same bytes again are a duplicate, other bytes under that id a conflict.
