@@ -555,7 +555,9 @@ func (r *run) restore(rng *rand.Rand) (string, error) {
 	for {
 		s, err := r.read(ctx)
 		if err == nil {
-			if ok, _ := s.equal(s.newest(f.sf.ID), f.sf.Lines); ok {
+			ok, _ := s.equal(s.newest(f.sf.ID), f.sf.Lines)
+			// recover --root places the file where its head says: wait for the head too.
+			if ok && r.headFaults(ctx, s, map[*file]string{f: f.sf.ID}) == "" {
 				break
 			}
 		}
