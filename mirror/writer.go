@@ -2,6 +2,9 @@ package mirror
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -44,23 +47,52 @@ func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*
 	return &Writer{js: js, names: n, owner: o, heads: kv, blobs: obj, revs: map[string]uint64{}, maxRevs: DefaultMaxRevisions}, nil
 }
 
-// PutBlob stores the payload with digest sha256hex unless an object of that name exists
-// already: object puts are not idempotent, so a retried put must not write it twice.
-// It reports whether it uploaded. The caller verifies the digest of what it streams.
+// PutBlob stores the payload with digest sha256hex unless an object of that name holding
+// exactly those bytes exists already: object puts are not idempotent, so a retried put
+// must not write it twice. An object of that name is trusted only when the digest the
+// object store recorded for it is sha256hex (a SHA-256 match fixes the size too);
+// otherwise (a failed upload left other bytes) it is replaced. Bytes read from r that
+// do not match sha256hex (a file that changed while it was read) are refused: the
+// object is removed and an error returned, so a name never holds the wrong bytes.
+// PutBlob reports whether it uploaded.
 func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bool, error) {
 	name := w.owner.ObjectName(sha256hex)
-	info, err := w.blobs.GetInfo(ctx, name)
-	if err == nil && !info.Deleted {
-		return false, nil
+	want, err := objectDigest(sha256hex)
+	if err != nil {
+		return false, err
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+	info, err := w.blobs.GetInfo(ctx, name)
+	switch {
+	case err == nil && !info.Deleted && info.Digest == want:
+		return false, nil
+	case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
 		return false, fmt.Errorf("blob %s: %w", sha256hex, err)
 	}
 	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: w.chunkSize()}}
-	if _, err := w.blobs.Put(ctx, meta, r); err != nil {
+	put, err := w.blobs.Put(ctx, meta, r)
+	if err != nil {
 		return false, fmt.Errorf("put blob %s: %w", sha256hex, err)
 	}
+	if put.Digest != want {
+		if derr := w.blobs.Delete(ctx, name); derr != nil {
+			return false, fmt.Errorf("blob %s: uploaded bytes do not match the digest, and removing them failed (the next put replaces them): %w", sha256hex, derr)
+		}
+		return false, fmt.Errorf("blob %s: %w", sha256hex, ErrBlobChanged)
+	}
 	return true, nil
+}
+
+// ErrBlobChanged is returned by PutBlob when the bytes it read do not have the digest
+// they were put under: the line changed while it was read.
+var ErrBlobChanged = errors.New("uploaded bytes do not match their digest")
+
+// objectDigest is how the object store records a SHA-256 digest.
+func objectDigest(sha256hex string) (string, error) {
+	b, err := hex.DecodeString(sha256hex)
+	if err != nil || len(b) != sha256.Size {
+		return "", fmt.Errorf("blob name %q: not a SHA-256 digest", sha256hex)
+	}
+	return "SHA-256=" + base64.URLEncoding.EncodeToString(b), nil
 }
 
 // defaultChunkSize is the object store's own chunk size.

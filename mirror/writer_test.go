@@ -1,7 +1,12 @@
 package mirror_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/pisync/pisync/internal/mirrortest"
@@ -51,5 +56,64 @@ func TestHeadRevisionsBounded(t *testing.T) {
 	}
 	if n := tm.Writer.Revisions(); n > bound {
 		t.Errorf("the writer remembers %d revisions, bound %d", n, bound)
+	}
+}
+
+// TestPoisonedBlobNameReplaced pins issue 13 item 4: an upload whose bytes did not match
+// their digest (the file changed while it was read) left its object behind, and a later
+// put of the right bytes reported "already there", so the object kept the wrong bytes.
+// An existing object is now trusted only when its recorded digest matches its name
+// (SHA-256: the size with it); otherwise it is replaced, and an upload that does not
+// match its digest is refused and removed.
+func TestPoisonedBlobNameReplaced(t *testing.T) {
+	tm := mirrortest.New(t)
+	ctx := mirrortest.Ctx(t)
+	good := bytes.Repeat([]byte("good line "), 20000)
+	bad := append(bytes.Repeat([]byte("bad line  "), 20000), 'x')
+	sum := sha256.Sum256(good)
+	sha := hex.EncodeToString(sum[:])
+	read := func() []byte {
+		t.Helper()
+		rc, err := tm.Reader.Blob(ctx, sha)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	// Bytes that are not the digest's are refused and leave nothing behind.
+	if up, err := tm.Writer.PutBlob(ctx, sha, bytes.NewReader(bad)); err == nil {
+		t.Fatalf("put of bytes that do not match the digest: uploaded %v, no error", up)
+	}
+	if _, err := tm.Reader.Blob(ctx, sha); !errors.Is(err, mirror.ErrNotFound) {
+		t.Fatalf("after a refused put the object is there (%v)", err)
+	}
+
+	// An object left under the name with other bytes (an older daemon's failed upload)
+	// is replaced by the next put.
+	obs, err := tm.JS.ObjectStore(ctx, tm.Names.BlobsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, tm.Owner.ObjectName(sha), bad); err != nil {
+		t.Fatal(err)
+	}
+	up, err := tm.Writer.PutBlob(ctx, sha, bytes.NewReader(good))
+	if err != nil || !up {
+		t.Fatalf("put over a poisoned name: uploaded %v, %v; want it replaced", up, err)
+	}
+	if !bytes.Equal(read(), good) {
+		t.Fatal("the object still holds the wrong bytes")
+	}
+
+	// A good object is reused, not uploaded again.
+	up, err = tm.Writer.PutBlob(ctx, sha, bytes.NewReader(good))
+	if err != nil || up {
+		t.Fatalf("put of a stored object: uploaded %v, %v; want it reused", up, err)
 	}
 }
