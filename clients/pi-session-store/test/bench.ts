@@ -2,6 +2,10 @@
 // `pisync serve` on loopback) against Pi's own JsonlSessionRepo, and the time to open a
 // session of 10,000 entries. Prints one JSON object; bench/RESULTS.md quotes it.
 //
+// Also appends/s with BENCH_SESSIONS sessions (default 100) each appending
+// BENCH_SESSION_APPENDS (default 50) one after the other, all sessions at once, on one
+// connection.
+//
 //   BENCH_APPENDS (default 2000), BENCH_OPEN_ENTRIES (10000), BENCH_OPENS (5)
 
 import { mkdtempSync, rmSync } from "node:fs";
@@ -16,6 +20,8 @@ import { Store } from "./harness.js";
 const appends = Number(process.env.BENCH_APPENDS ?? 2000);
 const openEntries = Number(process.env.BENCH_OPEN_ENTRIES ?? 10000);
 const opens = Number(process.env.BENCH_OPENS ?? 5);
+const sessions = Number(process.env.BENCH_SESSIONS ?? 100);
+const sessionAppends = Number(process.env.BENCH_SESSION_APPENDS ?? 50);
 
 // message is a typical chat turn of about 1 KiB.
 function message(i: number) {
@@ -70,12 +76,21 @@ async function main() {
       jsonlOpenMs.push(performance.now() - t0);
     }
     jsonlOpenMs.sort((a, b) => a - b);
+    const many = await Promise.all(Array.from({ length: sessions }, () => repo.create({ cwd: "/bench/many" })));
+    const t0 = performance.now();
+    await Promise.all(
+      many.map(async (s) => {
+        for (let i = 0; i < sessionAppends; i++) await s.appendMessage(message(i));
+      }),
+    );
+    const concurrentMs = performance.now() - t0;
     const result = {
       node: process.version,
       append_store: storeAppend,
       append_jsonl: jsonlAppend,
       append_p50_ratio: +(storeAppend.p50_ms / jsonlAppend.p50_ms).toFixed(1),
       open_store: { entries: count, median_ms: +quantile(openMs, 0.5).toFixed(1), max_ms: +openMs[openMs.length - 1]!.toFixed(1) },
+      concurrent_store: { sessions, appends: sessions * sessionAppends, per_s: Math.round((sessions * sessionAppends * 1000) / concurrentMs) },
       open_jsonl: { entries: openEntries, median_ms: +quantile(jsonlOpenMs, 0.5).toFixed(1), max_ms: +jsonlOpenMs[jsonlOpenMs.length - 1]!.toFixed(1) },
     };
     process.stdout.write(JSON.stringify(result, null, 2) + "\n");
