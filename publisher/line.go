@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/pisync/pisync/lograte"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
@@ -425,7 +426,7 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		defer st.mu.Unlock()
 		return bo.NextBackOff()
 	}
-	attempts := 0
+	failed := lograte.Run{Every: 20}
 	log := p.log.With(zap.String("path", st.file.Path))
 	log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
 	for {
@@ -444,16 +445,15 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		if busy {
 			continue
 		}
-		attempts++
 		err := p.resendUnheld(st)
 		if err == nil {
-			if attempts > 1 {
-				log.Info("publishing resumed", zap.Int("attempts", attempts))
+			if n := failed.End(); n > 0 {
+				log.Info("publishing resumed", zap.Int64("failed_attempts", n))
 			}
 			return
 		}
-		if attempts == 1 || attempts%20 == 0 {
-			log.Warn("still unable to publish", zap.Int("attempts", attempts), zap.Error(err))
+		if n, ok := failed.Hit(); ok {
+			log.Warn("still unable to publish", zap.Int64("attempts", n), zap.Error(err))
 		}
 	}
 }
@@ -554,22 +554,16 @@ func readSection(src io.ReaderAt, offset, n int64) ([]byte, error) {
 	return buf, nil
 }
 
-// knownTypes are the entry types Pi writes today; any other type (Pi adds types over
-// time, and a file can say anything) is counted as "other", so that file content cannot
-// create label values without bound.
-var knownTypes = map[string]bool{
-	"message": true, "thinking_level_change": true, "model_change": true,
-	"active_tools_change": true, "compaction": true, "branch_summary": true, "custom": true,
-	"custom_message": true, "label": true, "session_info": true, "leaf": true,
-}
-
+// typeLabel is the type label of a published line: any type Pi does not write today (a
+// file can say anything) is counted as "other", so that file content cannot create
+// label values without bound.
 func typeLabel(it *item) string {
 	switch {
 	case it.kind == mirror.KindHeader:
 		return "session"
 	case it.kind == mirror.KindRaw:
 		return ""
-	case knownTypes[it.env.Type]:
+	case session.IsEntryType(it.env.Type):
 		return it.env.Type
 	}
 	return "other"

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/lograte"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )
@@ -71,8 +71,8 @@ type Publisher struct {
 
 	quarantined quarantineList
 
-	commitFailures int          // consecutive, for rate-limited logging (commitLoop only)
-	headFailures   atomic.Int64 // consecutive, for rate-limited logging
+	commitFailures lograte.Run // consecutive, for rate-limited logging
+	headFailures   lograte.Run
 
 	dirtyMu   sync.Mutex // guards the two sets below; taken after a file's mutex, never before
 	dirtyCP   map[*fileState]struct{}
@@ -131,10 +131,11 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 	}
 	p := &Publisher{
 		opts: opts, log: opts.Logger, m: opts.Metrics, reader: r, writer: w,
-		window:  semaphore.NewWeighted(opts.WindowBytes),
-		slots:   semaphore.NewWeighted(int64(opts.WindowMessages)),
-		acks:    make(chan pending, opts.WindowMessages),
-		closing: make(chan struct{}),
+		window:         semaphore.NewWeighted(opts.WindowBytes),
+		slots:          semaphore.NewWeighted(int64(opts.WindowMessages)),
+		acks:           make(chan pending, opts.WindowMessages),
+		closing:        make(chan struct{}),
+		commitFailures: lograte.Run{Every: 100}, headFailures: lograte.Run{Every: 1000},
 		files:   map[watcher.FileID]*fileState{},
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
@@ -225,13 +226,12 @@ func (p *Publisher) commitLoop() {
 			p.stageCheckpoints()
 			forgetting := p.forgetGone()
 			if err := p.opts.Checkpoints.Commit(); err != nil {
-				p.commitFailures++
-				if p.commitFailures == 1 || p.commitFailures%100 == 0 {
+				if n, log := p.commitFailures.Hit(); log {
 					p.log.Error("checkpoint commit failed; publishing goes on and the mirror is consulted at restart",
-						zap.Int("failures", p.commitFailures), zap.Error(err))
+						zap.Int64("failures", n), zap.Error(err))
 				}
 			} else {
-				p.commitFailures = 0
+				p.commitFailures.End()
 				p.forget(forgetting)
 			}
 		}
@@ -362,7 +362,7 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 			defer cancel()
 			if err := p.writer.PutHead(hctx, j.conv, j.head); err != nil {
 				p.m.headUpdates.WithLabelValues("error").Inc()
-				if n := p.headFailures.Add(1); n == 1 || n%1000 == 0 {
+				if n, log := p.headFailures.Hit(); log {
 					p.log.Warn("head update failed; retried at next flush", zap.Int64("failures", n),
 						zap.String("conversation", j.conv.Key), zap.Error(err))
 				}
@@ -388,7 +388,7 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 			writtenMu.Lock()
 			written = append(written, j.st)
 			writtenMu.Unlock()
-			if p.headFailures.Swap(0) > 0 {
+			if p.headFailures.End() > 0 {
 				p.log.Info("head updates resumed")
 			}
 		}(j)

@@ -225,36 +225,32 @@ func classifyKey(raw []byte, esc bool) int {
 	return keyOther
 }
 
-// knownType returns the entry types of DESIGN §1 as constants, so that the
-// common case copies nothing for the type.
-func knownType(raw []byte) (string, bool) {
-	switch string(raw) {
-	case "message":
-		return "message", true
-	case "leaf":
-		return "leaf", true
-	case "thinking_level_change":
-		return "thinking_level_change", true
-	case "model_change":
-		return "model_change", true
-	case "active_tools_change":
-		return "active_tools_change", true
-	case "compaction":
-		return "compaction", true
-	case "branch_summary":
-		return "branch_summary", true
-	case "custom":
-		return "custom", true
-	case "custom_message":
-		return "custom_message", true
-	case "label":
-		return "label", true
-	case "session_info":
-		return "session_info", true
-	case "session":
-		return "session", true
+// EntryTypes are the entry types Pi writes today (DESIGN §1). Pi adds types over time:
+// a line of any other type is carried through untouched all the same.
+var EntryTypes = []string{"message", "thinking_level_change", "model_change", "active_tools_change",
+	"compaction", "branch_summary", "custom", "custom_message", "label", "session_info", "leaf"}
+
+// IsEntryType reports whether t is one of EntryTypes.
+func IsEntryType(t string) bool {
+	_, ok := entryTypes[t]
+	return ok && t != "session"
+}
+
+// entryTypes maps each of EntryTypes, and the header's type, to itself, so that the
+// common case copies nothing for the type (a map index by string(bytes) does not
+// allocate).
+var entryTypes = func() map[string]string {
+	m := make(map[string]string, len(EntryTypes)+1)
+	for _, t := range append([]string{"session"}, EntryTypes...) {
+		m[t] = t
 	}
-	return "", false
+	return m
+}()
+
+// knownType returns raw as one of the constant strings of entryTypes.
+func knownType(raw []byte) (string, bool) {
+	t, ok := entryTypes[string(raw)]
+	return t, ok
 }
 
 // envelope copies the extracted strings out of line into one allocation.

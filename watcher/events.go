@@ -147,7 +147,7 @@ func (w *Watcher) handleError(err error) {
 		return
 	}
 	w.countError(reasonWatch)
-	if n := w.sourceErrs.Add(1); n == 1 || n%100 == 0 {
+	if n, log := w.sourceErrs.Hit(); log {
 		w.log.Warn("event source error", zap.Int64("count", n), zap.Error(err))
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/lograte"
 )
 
 // Watcher finds session files under its roots and tails them into a Sink.
@@ -46,7 +48,8 @@ type Watcher struct {
 	clock     deadlines
 	bufs      sync.Pool // *readBufs
 
-	bytesRead, lines, events, overflows, rescans, errs, sourceErrs atomic.Int64
+	bytesRead, lines, events, overflows, rescans, errs atomic.Int64
+	sourceErrs                                         lograte.Run // event source errors since start
 }
 
 // New validates opts and returns a Watcher; nothing runs before Run.
@@ -55,21 +58,22 @@ func New(opts Options) (*Watcher, error) {
 		return nil, err
 	}
 	w := &Watcher{
-		opts:      opts,
-		log:       opts.Logger,
-		m:         opts.Metrics,
-		sink:      opts.Sink,
-		ready:     make(chan struct{}),
-		scanKick:  make(chan struct{}, 1),
-		clockKick: make(chan struct{}, 1),
-		files:     map[string]*fileState{},
-		byDir:     map[string]map[*fileState]struct{}{},
-		byID:      map[FileID]*fileState{},
-		aliases:   map[FileID]map[*fileState]struct{}{},
-		dirs:      map[string]*dirState{},
-		dirsByID:  map[FileID]string{},
-		warned:    map[string]bool{},
-		states:    map[string]int{},
+		sourceErrs: lograte.Run{Every: 100},
+		opts:       opts,
+		log:        opts.Logger,
+		m:          opts.Metrics,
+		sink:       opts.Sink,
+		ready:      make(chan struct{}),
+		scanKick:   make(chan struct{}, 1),
+		clockKick:  make(chan struct{}, 1),
+		files:      map[string]*fileState{},
+		byDir:      map[string]map[*fileState]struct{}{},
+		byID:       map[FileID]*fileState{},
+		aliases:    map[FileID]map[*fileState]struct{}{},
+		dirs:       map[string]*dirState{},
+		dirsByID:   map[FileID]string{},
+		warned:     map[string]bool{},
+		states:     map[string]int{},
 	}
 	w.cond = sync.NewCond(&w.mu)
 	w.bufs.New = func() any {
