@@ -332,8 +332,20 @@ func (r *run) check() (string, error) {
 	return desc, nil
 }
 
-// counters checks the daemon's duplicates and clashes counters.
+// heapBound is the Go heap the daemon may use at a quiet point (guarantee 6): far above
+// what its windows hold (32 MiB of bytes in flight, lines of about 1 MiB), far below what
+// keeping files or outages in memory would take.
+const heapBound = 256 << 20
+
+// counters checks the daemon's duplicates and clashes counters, and its heap.
 func (r *run) counters() *Failure {
+	heap, err := r.d.metric("go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return &Failure{Guarantee: "metrics", Detail: err.Error()}
+	}
+	if heap > heapBound {
+		return &Failure{Guarantee: "bounded resources (6)", Detail: fmt.Sprintf("heap in use %.0f MiB at a quiet point", heap/(1<<20))}
+	}
 	dups, err := r.d.metric("pisync_publish_duplicates_total")
 	if err != nil {
 		return &Failure{Guarantee: "metrics", Detail: err.Error()}

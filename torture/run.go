@@ -57,13 +57,25 @@ type Result struct {
 	LogDir   string // where the daemon's log was kept (failures only)
 }
 
-// Repro is the command that runs the same operations again.
-func (r *Result) Repro(exclude map[Kind]bool) string {
+// Repro is the command that runs the same operations again with the same settings.
+func (r *Result) Repro(cfg Config) string {
 	s := fmt.Sprintf("make torture SEED=%d OPS=%s", r.Seed, FormatOps(r.Executed))
-	if len(exclude) > 0 {
-		return s + " EXCLUDE=" + KindList(exclude)
+	if len(cfg.Exclude) > 0 {
+		s += " EXCLUDE=" + KindList(cfg.Exclude)
+	} else {
+		s += " EXCLUDE=none"
 	}
-	return s + " EXCLUDE=none"
+	var flags []string
+	if !cfg.SmallPayload {
+		flags = append(flags, "-torture.small-payload=false")
+	}
+	if cfg.Cluster != "" && cfg.Cluster != ClusterAuto {
+		flags = append(flags, "-torture.cluster="+cfg.Cluster)
+	}
+	if len(flags) > 0 {
+		s += " TORTURE_FLAGS='" + strings.Join(flags, " ") + "'"
+	}
+	return s
 }
 
 // run is the state of one run.

@@ -31,8 +31,7 @@ const ciOps = 60
 // ciExclude are the operation kinds CI (and make torture, unless told) leaves out because they find defects not fixed yet
 // on main (torture/FINDINGS.md says which). Remove a kind once its fix lands.
 var ciExclude = map[Kind]bool{
-	RewriteSameSize: true, // FINDINGS.md T1: a same-size rewrite is not seen (issue 13 item 12)
-	DupID:           true, // FINDINGS.md T2: a repeated entry id loses the line (issue 13, repeated entry id)
+	RewriteSameSize: true, // FINDINGS.md T1: a same-size rewrite of a resumed file is not seen (issue 13 item 12)
 	MigrateNew:      true, // FINDINGS.md T3, T4: keys and heads of two files with one id
 	Copy:            true, // FINDINGS.md T3: two files with one id swap keys across restarts
 }
@@ -80,13 +79,13 @@ func one(t *testing.T, cfg Config, shrink int) *Result {
 	t.Logf("seed %d (%s): %d operations, %d quiet points, %v", res.Seed, res.Settings, len(res.Executed), res.Checks,
 		res.Duration.Round(time.Millisecond))
 	if res.Failure != nil {
-		t.Errorf("%s", report(res, cfg.Exclude))
+		t.Errorf("%s", report(res, cfg))
 	}
 	return res
 }
 
 // report is what a failure prints: seed, guarantee, the operations and the reproducer.
-func report(res *Result, exclude map[Kind]bool) string {
+func report(res *Result, cfg Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d violated %q at operation %d\n%s\n", res.Seed, res.Failure.Guarantee, res.Failure.Op, res.Failure.Detail)
 	fmt.Fprintf(&b, "settings: %s\n", res.Settings)
@@ -94,7 +93,7 @@ func report(res *Result, exclude map[Kind]bool) string {
 	if res.LogDir != "" {
 		fmt.Fprintf(&b, "daemon log and operations in %s\n", res.LogDir)
 	}
-	fmt.Fprintf(&b, "reproduce with: %s\n", res.Repro(exclude))
+	fmt.Fprintf(&b, "reproduce with: %s\n", res.Repro(cfg))
 	return b.String()
 }
 
@@ -122,7 +121,7 @@ func hunt(t *testing.T, base Config, d time.Duration) {
 		if res.Failure != nil {
 			failed++
 			min := shrinkRun(t, cfg, res, *shrinkFlag)
-			line += fmt.Sprintf(" FAILED %q; %s", res.Failure.Guarantee, min.Repro(cfg.Exclude))
+			line += fmt.Sprintf(" FAILED %q; %s", res.Failure.Guarantee, min.Repro(cfg))
 			found = append(found, line)
 		} else {
 			line += " ok"
@@ -164,7 +163,7 @@ func shrinkRun(t *testing.T, cfg Config, res *Result, tries int) *Result {
 			t.Run(fmt.Sprintf("shrink-%d", len(keep)), func(t *testing.T) { r = Run(t, try) })
 			if r != nil && r.Failure != nil && r.Failure.Guarantee == res.Failure.Guarantee && len(r.Executed) < len(best.Executed) {
 				best, progress = r, true
-				fmt.Fprintf(os.Stderr, "shrunk seed %d to %d operations: %s\n", cfg.Seed, len(r.Executed), r.Repro(cfg.Exclude))
+				fmt.Fprintf(os.Stderr, "shrunk seed %d to %d operations: %s\n", cfg.Seed, len(r.Executed), r.Repro(cfg))
 				break
 			}
 		}
