@@ -260,6 +260,29 @@ func (v *violations) all() []string {
 	return append([]string(nil), v.seen...)
 }
 
+// settled returns the refusals of everything nc did before the call. It is a positive
+// barrier, not a pause: it publishes to a subject no user may publish to and waits for
+// that refusal; the server answers one connection in order and nats.go hands its errors
+// over in order, so the refusals of all earlier work have arrived once this one has.
+func (v *violations) settled(t *testing.T, nc *nats.Conn) []string {
+	t.Helper()
+	sentinel := "pisync-test.sentinel." + nats.NewInbox()[len("_INBOX."):]
+	if err := nc.Publish(sentinel, nil); err != nil {
+		t.Fatal(err)
+	}
+	v.expect(t, "Publish", "the sentinel publish", func(s string) bool { return s == sentinel })
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	kept := v.seen[:0]
+	for _, s := range v.seen {
+		if s != "Publish to "+sentinel { // the barrier's own refusal is no finding
+			kept = append(kept, s)
+		}
+	}
+	v.seen = kept
+	return append([]string(nil), kept...)
+}
+
 // expect waits for the server to refuse op ("Publish" or "Subscription") on a subject
 // that match accepts.
 func (v *violations) expect(t *testing.T, op string, what string, match func(subject string) bool) {

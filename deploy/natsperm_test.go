@@ -119,8 +119,7 @@ func (o *owner) useOwnData(t *testing.T) {
 	if err != nil || !bytes.Equal(got, o.blob) {
 		t.Fatalf("%s: own blob read back: %d bytes, %v", o.user, len(got), err)
 	}
-	time.Sleep(100 * time.Millisecond) // let late asynchronous refusals arrive
-	if v := o.v.all(); len(v) > 0 {
+	if v := o.v.settled(t, o.nc); len(v) > 0 {
 		t.Fatalf("%s: the server refused part of pisync's own work: %q", o.user, v)
 	}
 }

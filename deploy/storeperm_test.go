@@ -31,6 +31,7 @@ func testStorePermissions(t *testing.T, l layout) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var served []*violations
+	var servedNC []*nats.Conn
 	for _, user := range storeUsers[l] {
 		nc, v := connect(t, alice.url, alice.caFile, user, nats.CustomInboxPrefix(store.InboxPrefix))
 		js, err := jetstream.New(nc)
@@ -46,7 +47,7 @@ func testStorePermissions(t *testing.T, l layout) {
 			t.Fatalf("%s: %v", user, err)
 		}
 		t.Cleanup(func() { _ = svc.Stop() })
-		served = append(served, v)
+		served, servedNC = append(served, v), append(servedNC, nc)
 	}
 	for _, o := range []*owner{alice, bob} {
 		id := "store-conv-of-" + o.owner.Name
@@ -78,13 +79,12 @@ func testStorePermissions(t *testing.T, l layout) {
 			}
 		}
 	}
-	time.Sleep(100 * time.Millisecond) // let late asynchronous refusals arrive
 	for i, v := range served {
-		if got := v.all(); len(got) > 0 {
+		if got := v.settled(t, servedNC[i]); len(got) > 0 {
 			t.Fatalf("%s: the server refused part of the store's work: %q", storeUsers[l][i], got)
 		}
 	}
-	if got := alice.v.all(); len(got) > 0 {
+	if got := alice.v.settled(t, alice.nc); len(got) > 0 {
 		t.Fatalf("acme-alice: the server refused part of her use of the store: %q", got)
 	}
 

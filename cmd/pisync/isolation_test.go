@@ -568,7 +568,19 @@ func TestIsolationRootSymlinks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(1500 * time.Millisecond) // several rescans and every event
+	// A positive barrier instead of a pause: a session written inside the root after the
+	// links, mirrored, and two periodic rescans begun after it was, so that the links
+	// were seen both through events and by rescans before absence is asserted.
+	sentinel := writeSessions(t, rng, filepath.Join(root, "after"), 1, 1)[0]
+	inside = append(inside, sentinel)
+	waitFor(t, 30*time.Second, "a session written after the links mirrored", func() (bool, string) {
+		return mirrorMatches(ctx, r, sentinel.Path)
+	})
+	rescans := metricValue(t, d, "pisync_watcher_rescans_total", map[string]string{"reason": "periodic"})
+	waitFor(t, 30*time.Second, "two more periodic rescans", func() (bool, string) {
+		n := metricValue(t, d, "pisync_watcher_rescans_total", map[string]string{"reason": "periodic"})
+		return n >= rescans+2, fmt.Sprintf("%v rescans", n-rescans)
+	})
 	want := map[string]bool{}
 	for _, f := range inside {
 		c, _ := r.Conv(f.ID)
