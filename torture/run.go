@@ -31,6 +31,7 @@ type Config struct {
 	KeepDir      string         // where the daemon's log of a failed run is copied ("" : os.TempDir)
 	Deadline     time.Time      // stop starting operations after this (zero: none)
 	Settings     *Settings      // instead of drawing them from the seed
+	LogTag       string         // added to the name of the directory a failure's logs go to
 }
 
 // Failure is a violated guarantee.
@@ -175,7 +176,7 @@ func (r *run) keepLogs() {
 	if base == "" {
 		base = os.TempDir()
 	}
-	dir := filepath.Join(base, fmt.Sprintf("pisync-torture-%d", r.cfg.Seed))
+	dir := filepath.Join(base, fmt.Sprintf("pisync-torture-%d%s", r.cfg.Seed, r.cfg.LogTag))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}

@@ -158,6 +158,7 @@ func shrinkRun(t *testing.T, cfg Config, res *Result, tries int) *Result {
 			try := cfg
 			try.Keep = func(i int) bool { return keep[i] }
 			try.Deadline = time.Time{}
+			try.LogTag = fmt.Sprintf("-shrink-%d", len(keep))
 			tries--
 			var r *Result
 			t.Run(fmt.Sprintf("shrink-%d", len(keep)), func(t *testing.T) { r = Run(t, try) })
