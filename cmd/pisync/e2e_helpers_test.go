@@ -285,6 +285,16 @@ func testLogLevel() zapcore.Level {
 	return zap.WarnLevel
 }
 
+// requireNoDuplicateAcks checks that the daemon never had a publish acknowledged as a
+// duplicate: on the normal path, and after a restart past the duplicate window, the
+// resume protocol, not the window, must be what keeps lines from being sent twice.
+func requireNoDuplicateAcks(t *testing.T, d *daemon) {
+	t.Helper()
+	if n := metricValue(t, d, "pisync_publish_duplicates_total", nil); n != 0 {
+		t.Errorf("%v publishes acknowledged as duplicates, want 0", n)
+	}
+}
+
 // requireExactlyOnce checks the whole stream: no (conversation, generation, entry) twice,
 // and exactly as many messages as the files have complete lines, plus extra lines
 // written without a File to count them.

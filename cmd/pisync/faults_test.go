@@ -186,6 +186,7 @@ func TestStateDirLostNoDuplicates(t *testing.T) {
 			defer d.stop()
 			allMirrored(t, r, root, 30*time.Second)
 			requireExactlyOnce(t, nc, files, 0)
+			requireNoDuplicateAcks(t, d)
 		})
 	}
 }

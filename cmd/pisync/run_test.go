@@ -100,6 +100,7 @@ func TestMirrorsEveryLineOnce(t *testing.T) {
 	r := newReader(t, nc, "t1", "alice")
 	allMirrored(t, r, root, 60*time.Second)
 
+	requireNoDuplicateAcks(t, d)
 	msgs := readStream(t, nc)
 	if dups := duplicates(msgs); len(dups) > 0 {
 		t.Fatalf("duplicates in the stream: %v", dups)

@@ -62,6 +62,7 @@ func TestStateDirUnwritable(t *testing.T) {
 	}
 	allMirrored(t, r, root, 20*time.Second)
 	requireExactlyOnce(t, nc, files, 0)
+	requireNoDuplicateAcks(t, d)
 }
 
 // TestHeadWrittenAfterCrashBeforeHeadFlush: a daemon killed after committing its
