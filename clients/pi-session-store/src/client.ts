@@ -37,6 +37,12 @@ export interface Opened {
   entries: SessionTreeEntry[];
 }
 
+/** openParallel bounds the page requests one open has in flight. */
+const openParallel = 4;
+
+/** maxGuesses bounds the pages one open asks for ahead (about 4 GB of session at 1 MB). */
+const maxGuesses = 4096;
+
 /**
  * StoreClient sends the requests of docs/store-protocol.md for one tenant and owner over a
  * NATS connection, and turns failed replies into StoreErrors.
@@ -109,20 +115,50 @@ export class StoreClient implements Appender {
 
   /**
    * open reads the current generation of conversation id: every entry, parsed, in order.
-   * The next page is requested before this one is parsed, so parsing overlaps the wait.
+   *
+   * The store answers in pages of about 1 MB, each continuing after the last ordinal of
+   * the one before. Waiting for each page before asking for the next makes a long session
+   * cost one round trip per page, so the pages after the first are asked for at once
+   * (at most `openParallel` at a time), at the ordinals they would start at were every page
+   * as long as the first; the replies are then stitched by ordinal, and wherever a guess
+   * missed, the page is asked for where the previous one really ended.
    */
   async open(id: string): Promise<Opened> {
     const first = await this.call<OpenReply>("open", { id });
+    const snap = { id, generation: first.generation, lastSeq: first.lastSeq };
+    const at = (after: number) => this.call<OpenReply>("open", { ...snap, after });
+    const guesses: Array<{ after: number; reply: Promise<OpenReply | undefined> }> = [];
+    if (first.next && first.entries.length > 0) {
+      const per = first.entries.length;
+      const count = Math.min(Math.ceil(Math.max(0, (first.meta.entries ?? 0) - per) / per), maxGuesses);
+      for (let k = 0; k < count; k++) {
+        const after = first.next.after + k * per;
+        // A guess starts once the one openParallel places before it has settled.
+        const before = k >= openParallel ? guesses[k - openParallel]!.reply : Promise.resolve(undefined);
+        // A failed guess is no failure of the open: that page is asked for again.
+        guesses.push({ after, reply: before.then(() => at(after)).catch(() => undefined) });
+      }
+    }
     const entries: SessionTreeEntry[] = [];
-    let reply = first;
-    for (;;) {
-      const next = reply.next
-        ? this.call<OpenReply>("open", { id, generation: first.generation, lastSeq: first.lastSeq, after: reply.next.after })
-        : undefined;
-      next?.catch(() => undefined); // awaited below; a failure must not go unhandled meanwhile
-      for (const entry of reply.entries) entries.push(parseEntry(id, entry.ordinal, await this.line(id, first, entry)));
-      if (!next) break;
-      reply = await next;
+    const take = async (reply: OpenReply, after: number) => {
+      for (const entry of reply.entries) {
+        if (entry.ordinal > after) entries.push(parseEntry(id, entry.ordinal, await this.line(id, first, entry)));
+      }
+    };
+    await take(first, 0);
+    let cur = first.next?.after;
+    let g = 0;
+    while (cur !== undefined) {
+      // The nearest guess starting at or before cur serves if its page reaches past cur.
+      while (g + 1 < guesses.length && guesses[g + 1]!.after <= cur) g++;
+      let reply: OpenReply | undefined;
+      if (guesses[g] && guesses[g]!.after <= cur) {
+        const r = await guesses[g]!.reply;
+        if (r && (r.next?.after ?? Infinity) > cur) reply = r;
+      }
+      reply ??= await at(cur);
+      await take(reply, cur);
+      cur = reply.next?.after;
     }
     return { reply: first, entries };
   }
