@@ -24,6 +24,8 @@ check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	# Cross-compilation: file identity and open flags have unix and windows builds.
+	GOOS=windows $(GO) build ./... && GOOS=darwin $(GO) build ./... && GOOS=darwin GOARCH=arm64 $(GO) build ./... && GOOS=windows GOARCH=arm64 $(GO) build ./...
 
 unit:
 	$(GO) test -race -timeout 20m $(PKGS)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -262,8 +261,8 @@ func vanished(f watcher.File) bool {
 	if err != nil {
 		return errors.Is(err, fs.ErrNotExist)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && (uint64(st.Ino) != f.ID.Ino || uint64(st.Dev) != f.ID.Dev)
+	id := watcher.FileIDOf(fi)
+	return id != (watcher.FileID{}) && id != f.ID
 }
 
 func reasonLabel(why watcher.OpenReason) string {

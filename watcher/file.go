@@ -64,7 +64,7 @@ type statSnap struct {
 }
 
 func snapOf(fi os.FileInfo) statSnap {
-	return statSnap{ok: true, id: fileIDOf(fi), size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	return statSnap{ok: true, id: FileIDOf(fi), size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 }
 
 // sinkError marks an error returned by Sink.Line.
@@ -111,7 +111,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		w.vanish(s, path)
 		return
 	}
-	nid := fileIDOf(fi)
+	nid := FileIDOf(fi)
 	if !idKnown || nid != id {
 		if !w.resolve(s, path, nid) {
 			return
@@ -136,7 +136,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		w.fail(s, errReason(err), "stat", err, false)
 		return
 	}
-	if fileIDOf(fi) != nid {
+	if FileIDOf(fi) != nid {
 		w.again(s, errors.New("file changed between stat and open")) // renamed meanwhile: look again
 		return
 	}

@@ -8,4 +8,4 @@ const openFlags = os.O_RDONLY
 
 // fileIDOf returns no identity where the platform has no inode: renames are then seen
 // as a Gone and a Discovered.
-func fileIDOf(os.FileInfo) FileID { return FileID{} }
+func FileIDOf(os.FileInfo) FileID { return FileID{} }

@@ -13,7 +13,7 @@ import (
 const openFlags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
 
 // fileIDOf returns the device and inode of fi.
-func fileIDOf(fi os.FileInfo) FileID {
+func FileIDOf(fi os.FileInfo) FileID {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
 		return FileID{}

@@ -32,7 +32,7 @@ func (w *Watcher) resolve(s *fileState, path string, nid FileID) bool {
 	if !tVanished {
 		fi, err := os.Lstat(tPath)
 		oldTaken = err == nil
-		if err == nil && fileIDOf(fi) == nid {
+		if err == nil && FileIDOf(fi) == nid {
 			// Another name of a tailed inode: a hard link, or a new name whose old one
 			// is about to be unlinked (link, then unlink: a move seen create-first).
 			// One name of an inode is tailed; this one waits, and takes over (Moved)

@@ -59,7 +59,7 @@ func (w *Watcher) rescan(ctx context.Context, r *root, reason string, initial bo
 		w.mu.Lock()
 		ds := w.dirs[d]
 		var stale []string
-		if ds != nil && (err != nil || !fi.IsDir() || fileIDOf(fi) != ds.id) {
+		if ds != nil && (err != nil || !fi.IsDir() || FileIDOf(fi) != ds.id) {
 			stale = w.forgetDirsLocked(d)
 		}
 		w.mu.Unlock()
@@ -106,7 +106,7 @@ func (w *Watcher) walk(ctx context.Context, r *root, dir string, gen uint64, ini
 		}
 		// The watch comes before the listing, so that a file created in between is
 		// either listed or reported.
-		if errors.Is(w.watchDir(r, d, fileIDOf(fi), gen), errWatchLimit) {
+		if errors.Is(w.watchDir(r, d, FileIDOf(fi), gen), errWatchLimit) {
 			limited = true
 		}
 		subdirs, err := w.listDir(r, d, gen, initial)
