@@ -42,7 +42,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	p.beginOpen(f)
 	defer p.endOpen(f)
-	if why != watcher.Discovered {
+	if why != watcher.Discovered && why != watcher.Rechecked {
 		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
 	}
 	hdrSum := sha256.Sum256(f.Header)
@@ -77,7 +77,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	// After a rewrite the checkpoint's frontier proves nothing about the lines before it:
 	// the whole file is compared with the mirror instead.
-	rewritten := why == watcher.Truncated || why == watcher.Replaced
+	rewritten := why == watcher.Truncated || why == watcher.Replaced || why == watcher.Rechecked
 	key := hdr.ID
 	if found && rec.ConvKey != "" {
 		key = rec.ConvKey

@@ -57,6 +57,11 @@ const (
 	Truncated
 	// Replaced means the same path now holds a different FileID (atomic rename over it).
 	Replaced
+	// Rechecked means the file changed and the watcher cannot tell an append from a
+	// rewrite by itself (its tail resumed from a Start: it never read what came before):
+	// the sink compares the whole file with what it mirrored, as after Truncated, and
+	// continues the same generation if nothing mirrored changed.
+	Rechecked
 )
 
 // String returns the reason's lower-case name, suitable as a metric label.
@@ -70,6 +75,8 @@ func (r OpenReason) String() string {
 		return "truncated"
 	case Replaced:
 		return "replaced"
+	case Rechecked:
+		return "rechecked"
 	}
 	return fmt.Sprintf("OpenReason(%d)", int(r))
 }

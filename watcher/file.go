@@ -150,7 +150,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 	switch {
 	case !s.current:
 		needOpen = true
-	case !w.sameContent(lr, f, s, size) || (settle && !s.skip && !w.samePrefix(lr, f, s)):
+	case !w.sameContent(lr, f, s, size) || (settle && !s.skip && w.samePrefix(lr, f, s) == prefixDiffers):
 		if s.movePending {
 			// Not the file we knew under this inode number (it was freed and reused):
 			// the old one is gone, this one is new.
@@ -162,6 +162,10 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		s.current, s.pendingWhy, needOpen = false, why, true
 	case s.movePending && !s.skip:
 		needOpen, why = true, Moved
+	case settle && !s.skip && !s.t.prefixOK:
+		// Resumed from a Start: what was delivered before it is not known here, so the
+		// sink compares the whole file with what it mirrored.
+		s.current, s.pendingWhy, needOpen, why = false, Rechecked, true, Rechecked
 	}
 	s.movePending = s.movePending && needOpen
 

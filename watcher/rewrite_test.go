@@ -335,3 +335,40 @@ func TestReopen(t *testing.T) {
 	waitFor(t, "a Truncated open", func() bool { r := h.sink.reasons(p); return len(r) == 2 && r[1] == Truncated })
 	waitLines(t, h.sink, p, append(slices.Clone(lines), lines...)...)
 }
+
+// TestRewriteAfterResumeIsRechecked: a tail resumed from a Start (a checkpoint after a
+// restart) has no fold of the lines before it; the first settled check after a change
+// reopens it as Rechecked, so a same-size rewrite of an earlier line is not missed
+// (torture seed 20261201: SIGKILL, then such a rewrite).
+func TestRewriteAfterResumeIsRechecked(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("resumed1", 6)
+	writeFile(t, p, joinLines(old...))
+	resumeAt := int64(len(joinLines(old[:4]...)))
+	sink := newRecSink()
+	sink.open = func(f File, why OpenReason) (Start, error) {
+		if why == Discovered {
+			return Start{Offset: resumeAt, Ordinal: 4}, nil // as from a checkpoint
+		}
+		return Start{}, nil
+	}
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
+	h.ready(t)
+	waitLines(t, sink, p, old[4:]...)
+	repl := slices.Clone(old)
+	repl[2] = strings.Replace(repl[2], "resu0002", "RESU0002", 1)
+	b := make([][]byte, len(repl))
+	for i, s := range repl {
+		b[i] = []byte(s)
+	}
+	if err := sessiontest.Rewrite(p, b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the whole file after a Rechecked open", func() bool {
+		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
+	})
+	if r := sink.reasons(p); r[len(r)-1] != Rechecked {
+		t.Fatalf("opens %v", r)
+	}
+}

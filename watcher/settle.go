@@ -64,17 +64,27 @@ func (lr *lineReader) prefixOf(r io.ReaderAt, end int64) (prefix uint64, lines, 
 	return prefix, lines, read, nil
 }
 
+// prefixCheck is the outcome of samePrefix.
+type prefixCheck int
+
+const (
+	prefixSame    prefixCheck = iota
+	prefixDiffers             // a delivered line changed: a rewrite
+	prefixUnknown             // a tail resumed from a Start: nothing to compare with
+)
+
 // samePrefix reports whether every line delivered from s is still in the file, byte for
-// byte. For a tail resumed from a Start, the first call only learns the fold.
-func (w *Watcher) samePrefix(lr *lineReader, r io.ReaderAt, s *fileState) bool {
+// byte. A tail resumed from a Start has no fold of the lines before it: the caller
+// reopens it as Rechecked, and the sink compares the whole file with what it mirrored
+// (once per file that changes after a start, not a read of every file at start).
+func (w *Watcher) samePrefix(lr *lineReader, r io.ReaderAt, s *fileState) prefixCheck {
+	if !s.t.prefixOK {
+		return prefixUnknown
+	}
 	prefix, lines, n, err := lr.prefixOf(r, s.t.off)
 	w.addRead(n)
-	switch {
-	case err != nil:
-		return false
-	case !s.t.prefixOK:
-		s.t.prefix, s.t.prefixOK = prefix, true
-		return lines == s.t.ord
+	if err != nil || prefix != s.t.prefix || lines != s.t.ord {
+		return prefixDiffers
 	}
-	return prefix == s.t.prefix && lines == s.t.ord
+	return prefixSame
 }
