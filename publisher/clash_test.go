@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -137,5 +138,95 @@ func checkBothMirrored(t *testing.T, ctx context.Context, r *mirror.Reader, root
 				break
 			}
 		}
+	}
+}
+
+// TestClashKeysStableAfterStateLoss (torture seed 424242, FINDINGS-publish): after the
+// state directory was lost, the copy of a session was found before its original, took
+// the plain id, and the original a new clash key: three keys for two files, two heads
+// naming one path, and recovery refusing one. A file opened without a checkpoint now
+// keeps the clash key its head in the mirror says it had.
+func TestClashKeysStableAfterStateLoss(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	rng := rand.New(rand.NewPCG(17, 19))
+	root, aside := t.TempDir(), t.TempDir()
+	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300), orig.Entry(400)); err != nil {
+		t.Fatal(err)
+	}
+	origRel, _ := filepath.Rel(root, orig.Path)
+	origRel = filepath.ToSlash(origRel)
+	copyRel := "copy/" + filepath.Base(orig.Path)
+	copyPath := filepath.Join(root, filepath.FromSlash(copyRel))
+	// keys maps each source of the conversation's heads to its key.
+	keys := func(p *Publisher) map[string]string {
+		heads, err := p.reader.Heads(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, h := range heads {
+			if h.Conversation == orig.ID {
+				if other, dup := out[h.Source]; dup {
+					t.Errorf("keys %s and %s both name %s", other, h.Key, h.Source)
+				}
+				out[h.Source] = h.Key
+			}
+		}
+		return out
+	}
+	headAt := func(p *Publisher, source string) func() bool {
+		return func() bool { _, ok := keys(p)[source]; return ok && p.Progress().Roots[root].Pending == 0 }
+	}
+	run := func(before, during func(p *Publisher)) map[string]string {
+		store := openStore(t, t.TempDir()) // a fresh state directory every time
+		p := startPublisher(t, ctx, srv.URL(), store)
+		before(p)
+		stop, _ := startWatcher(t, ctx, p, root)
+		during(p)
+		stop()
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = store.Close()
+		return keys(p)
+	}
+	// First run: the original alone, then its copy appears.
+	first := run(func(*Publisher) {}, func(p *Publisher) {
+		waitUntil(t, "the original mirrored", headAt(p, origRel))
+		if err := os.MkdirAll(filepath.Dir(copyPath), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(copyPath, append(orig.Content(), append(orig.Entry(200), '\n')...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the copy mirrored", headAt(p, copyRel))
+	})
+	if first[origRel] != orig.ID || first[copyRel] == orig.ID || len(first) != 2 {
+		t.Fatalf("first run: keys %v", first)
+	}
+	// State lost; the copy is found first (the original is out of the root meanwhile).
+	moved := filepath.Join(aside, filepath.Base(orig.Path))
+	second := run(func(*Publisher) {
+		if err := os.Rename(orig.Path, moved); err != nil {
+			t.Fatal(err)
+		}
+	}, func(p *Publisher) {
+		waitUntil(t, "the copy mirrored again", func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == 1
+		})
+		if err := os.Rename(moved, orig.Path); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "both mirrored", func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == 2
+		})
+	})
+	if len(second) != 2 || second[origRel] != first[origRel] || second[copyRel] != first[copyRel] {
+		t.Errorf("after the state was lost: keys %v, were %v", second, first)
 	}
 }

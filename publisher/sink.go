@@ -81,6 +81,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	key := hdr.ID
 	if found && rec.ConvKey != "" {
 		key = rec.ConvKey
+	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
+		key = prev
 	}
 	key = p.claimKey(f, key, log)
 	conv, err := mirror.NewConv(p.opts.Owner, key)
@@ -184,8 +186,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 			p.mu.Unlock()
 			return key
 		}
-		sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
-		alt := key + "~" + hex.EncodeToString(sum[:4])
+		alt := clashKey(key, f)
 		p.byConv[alt] = f.ID
 		p.mu.Unlock()
 		p.m.clashes.Inc()
@@ -197,6 +198,32 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 			zap.String("conversation", key), zap.String("key", alt), zap.String("other", otherPath))
 		return alt
 	}
+}
+
+// clashKey is the key a file mirrors under when another local file carries its
+// conversation id: derived from its path, so that it is the same at every start.
+func clashKey(key string, f watcher.File) string {
+	sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
+	return key + "~" + hex.EncodeToString(sum[:4])
+}
+
+// previousClashKey tells, for a file opened without a checkpoint (the state directory
+// was lost), whether it was mirrored under its clash key before: the head of that key
+// names this host and this file. Which of two copies claims the plain id first then
+// does not decide their keys again (the other order would mirror both files under new
+// keys, and leave two heads naming one path). It costs one head read per file opened
+// without a checkpoint, next to the scan of its conversation that such an open makes.
+func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key string) (string, bool) {
+	alt := clashKey(key, f)
+	conv, err := mirror.NewConv(p.opts.Owner, alt)
+	if err != nil {
+		return "", false
+	}
+	h, _, err := p.reader.Head(ctx, conv)
+	if err != nil || h.Host != p.opts.Host || h.Root != f.Root || h.Source != f.Rel {
+		return "", false
+	}
+	return alt, true
 }
 
 // beginOpen marks f as being opened: a conversation key it claims stays its own until
