@@ -51,29 +51,21 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		st.acked = frontier{}
 		st.leaf.Set("")
 	}
-	gens := map[int]map[int64]heldLine{}
-	top := 0
+	var nw newest
 	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
-		g := gens[m.Generation]
-		if g == nil {
-			g = map[int64]heldLine{}
-			gens[m.Generation] = g
-		}
-		if _, dup := g[m.Ordinal]; !dup {
-			g[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
-		}
-		top = max(top, m.Generation)
+		nw.add(m)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("resume %s: %w", st.conv.Key, err)
 	}
+	top := nw.gen
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
 	st.acked = frontier{Generation: max(top, 1)}
 	if top == 0 {
 		return nil
 	}
-	held := gens[top]
+	held := nw.held
 	same, err := matchesMirror(st.file.Path, held)
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
@@ -87,6 +79,28 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	log.Info("mirrored lines changed or vanished locally; starting a new generation",
 		zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
 	return nil
+}
+
+// newest collects what the newest generation of a conversation holds, from its
+// messages in stream order. Older generations are dropped as soon as a newer one
+// appears, and their later messages (a resend can land after a newer generation
+// started) are skipped: memory holds one generation's digests, not one per generation
+// (issue 13 item 9: a file rewritten often, resumed without its state directory).
+type newest struct {
+	gen  int
+	held map[int64]heldLine
+}
+
+func (n *newest) add(m mirror.Msg) {
+	switch {
+	case m.Generation < n.gen:
+		return
+	case m.Generation > n.gen || n.held == nil:
+		n.gen, n.held = m.Generation, map[int64]heldLine{}
+	}
+	if _, dup := n.held[m.Ordinal]; !dup {
+		n.held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
+	}
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence
