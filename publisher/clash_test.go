@@ -230,3 +230,55 @@ func TestClashKeysStableAfterStateLoss(t *testing.T) {
 		t.Errorf("after the state was lost: keys %v, were %v", second, first)
 	}
 }
+
+// TestRemovalKeepsHeadOfKeyTakenOver (torture T4): a v1 session migrated to v3 under a
+// new name and the old file removed. The new file took the plain key (the old one had
+// vanished) before the watcher reported the removal, which then wrote the old file's
+// last state over the new file's head. The head must describe the new file.
+func TestRemovalKeepsHeadOfKeyTakenOver(t *testing.T) {
+	ctx, p, _ := publisherOnServer(t)
+	rng := rand.New(rand.NewPCG(29, 31))
+	root := t.TempDir()
+	v1 := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV1)
+	if err := v1.Append(v1.HeaderLine("/home/dev/p"), v1.Entry(300), v1.Entry(300)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { wcancel(); <-done }()
+	waitUntil(t, "the v1 file mirrored", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Mirrored == 1
+	})
+	v3 := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+	v3.ID = v1.ID
+	if err := v3.Append(v3.HeaderLine("/home/dev/p"), v3.Entry(300), v3.Entry(300), v3.Entry(300)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(v1.Path); err != nil {
+		t.Fatal(err)
+	}
+	v3Rel, _ := filepath.Rel(root, v3.Path)
+	c, err := p.reader.Conv(v1.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the v1 file reported removed", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Deleted == 1 && pr.Mirrored == 1
+	})
+	waitUntil(t, "the v1 file forgotten", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.goneFiles) == 0
+	})
+	h, _, err := p.reader.Head(ctx, c)
+	if err != nil || h.Source != filepath.ToSlash(v3Rel) || h.Entries != 4 || h.LocalDeleted {
+		t.Errorf("head of %s: %+v, %v; want the v3 file's (4 lines, not deleted)", v1.ID, h, err)
+	}
+}

@@ -342,8 +342,19 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 	}
 	var jobs []job
 	for _, st := range p.takeDirty(&p.dirtyHead) {
+		// A key another file took over (this one vanished, and a file with the same id
+		// claimed it before the watcher reported the removal) has that file's head: this
+		// one's last state must not be written over it.
+		p.mu.Lock()
+		own := p.byConv[st.conv.Key] == st.file.ID // conv and file.ID never change
+		p.mu.Unlock()
 		st.mu.Lock()
-		if st.headDirty && st.acked.StreamSeq > 0 {
+		switch {
+		case !own && st.gone:
+			st.headDirty, st.goneHeadWritten = false, true // nothing of ours to record
+		case !own:
+			st.headDirty = false // a state being replaced: its successor writes the head
+		case st.headDirty && st.acked.StreamSeq > 0:
 			st.headDirty = false
 			jobs = append(jobs, job{st, st.conv, st.head(p.opts.Host)})
 		}
