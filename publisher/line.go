@@ -20,10 +20,6 @@ import (
 	"github.com/pisync/pisync/watcher"
 )
 
-// maxBufferedLine is the longest line read whole into memory (to scan its envelope and
-// upload it); longer lines are streamed from the file.
-const maxBufferedLine = 16 << 20
-
 // pending is one publish waiting for its acknowledgement.
 type pending struct {
 	st  *fileState
@@ -54,7 +50,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 
 	data := l.Data
-	if data == nil && l.Len <= maxBufferedLine {
+	if data == nil && l.Len <= session.MaxBufferedLine {
 		buf, err := readSection(l.Src, l.Offset, l.Len)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)

@@ -33,7 +33,7 @@ var _ Mirror = (*mirror.Reader)(nil)
 // maxInlineBlob bounds the blobs recovery reads into memory: only a blob header line and
 // a blob leaf record are, to learn the header's fields or the leaf's target. Every other
 // blob is streamed. The publisher reads lines up to this size whole as well.
-const maxInlineBlob = 16 << 20
+const maxInlineBlob = session.MaxBufferedLine
 
 // generation is one generation of a conversation as read from the mirror.
 type generation struct {

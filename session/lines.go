@@ -13,6 +13,11 @@ import (
 // the envelope of all but the largest lines.
 const LinePrefixKeep = 64 << 10
 
+// MaxBufferedLine is the longest line pisync reads whole into memory: the publisher
+// to scan and upload it, recovery to learn a blob header's or leaf's fields. Longer
+// lines are streamed in bounded pieces.
+const MaxBufferedLine = 16 << 20
+
 // maxReadBuf is the read buffer of a large file: lines longer are hashed in pieces.
 const maxReadBuf = 256 << 10
 

@@ -109,7 +109,6 @@ var ErrReopen = errors.New("file changed under the sink: reopen")
 
 // Sink receives what the watcher finds. Calls for one file never overlap and come in
 // file order; calls for different files may run concurrently.
-
 type Sink interface {
 	// Open is called once the file's first line is complete (a file that is empty or
 	// whose first line is torn is held until it completes), and again on
