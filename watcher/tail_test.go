@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -288,9 +289,15 @@ func TestLineSrcIsTheReadingDescriptor(t *testing.T) {
 	writeFile(t, other, strings.Repeat("X", 2000)+"\n")
 	sink := newRecSink()
 	got := make(chan string, 1)
+	var once sync.Once
 	sink.line = func(f File, l Line) error {
 		if l.Data != nil {
 			return nil
+		}
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil // the file renamed over the path: a line of its own
 		}
 		if err := os.Rename(other, p); err != nil {
 			t.Error(err)
