@@ -202,7 +202,8 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	}
 	wctx, wcancel := context.WithCancel(context.Background())
 	d.watchCancel, d.watchDone = wcancel, make(chan error, 1)
-	go func() { d.watchDone <- d.watch.Run(wctx) }()
+	// Not d in the goroutine: a failed start below returns nil into d while it runs.
+	go func() { started.watchDone <- started.watch.Run(wctx) }()
 	if err := d.startVerifier(js, names, owner); err != nil {
 		return nil, err
 	}
