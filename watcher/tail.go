@@ -139,7 +139,9 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 				}
 				sum = s
 			} else {
-				sum = maphash.Bytes(sumSeed, l.Data)
+				// The whole line is in this chunk, also when it is longer than maxInline
+				// (a read buffer larger than the inline limit) and Data is nil.
+				sum = maphash.Bytes(sumSeed, chunk[:i])
 			}
 			if err := emit(l); err != nil {
 				t.scanned = t.off

@@ -320,3 +320,27 @@ func TestLineSrcIsTheReadingDescriptor(t *testing.T) {
 		t.Fatal("no large line delivered")
 	}
 }
+
+// TestLastLineDigestOfLargeLineInOneRead pins torture finding T5: with a read buffer
+// larger than the inline limit (the daemon sets the limit to the blob threshold), a line
+// between the two came in one read with Data nil, was digested as empty, and every later
+// check of it failed: the file was taken for rewritten on every run and never read on.
+func TestLastLineDigestOfLargeLineInOneRead(t *testing.T) {
+	g := &growing{data: []byte(`{"h":1}` + "\n" + strings.Repeat("L", 500) + "\n")}
+	lr := newLineReader(1024, 100)
+	var tl tail
+	var got []Line
+	if _, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error { got = append(got, l); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1].Data != nil {
+		t.Fatalf("lines %+v", got)
+	}
+	if _, err := lr.checkLast(g, tl.last); err != nil {
+		t.Fatalf("the last line, unchanged, fails its check: %v", err)
+	}
+	g.data = append(g.data, "{\"next\":2}\n"...)
+	if _, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error { got = append(got, l); return nil }); err != nil || len(got) != 3 {
+		t.Fatalf("append after the large line: %d lines, %v", len(got), err)
+	}
+}
