@@ -180,9 +180,11 @@ func TestClashKeysStableAfterStateLoss(t *testing.T) {
 	headAt := func(p *Publisher, source string) func() bool {
 		return func() bool { _, ok := keys(p)[source]; return ok && p.Progress().Roots[root].Pending == 0 }
 	}
+	var lastPub *Publisher
 	run := func(before, during func(p *Publisher)) map[string]string {
 		store := openStore(t, t.TempDir()) // a fresh state directory every time
 		p := startPublisher(t, ctx, srv.URL(), store)
+		lastPub = p
 		before(p)
 		stop, _ := startWatcher(t, ctx, p, root)
 		during(p)
@@ -228,6 +230,9 @@ func TestClashKeysStableAfterStateLoss(t *testing.T) {
 	})
 	if len(second) != 2 || second[origRel] != first[origRel] || second[copyRel] != first[copyRel] {
 		t.Errorf("after the state was lost: keys %v, were %v", second, first)
+	}
+	if n := testutil.ToFloat64(lastPub.m.clashes); n != 1 {
+		t.Errorf("after the state was lost: clashes counted %v, want 1", n)
 	}
 }
 

@@ -82,6 +82,10 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if found && rec.ConvKey != "" {
 		key = rec.ConvKey
 	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
+		// Still a clash, reported at every start as when it is first found.
+		p.m.clashes.Inc()
+		log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
+			zap.String("conversation", key), zap.String("key", prev))
 		key = prev
 	}
 	key = p.claimKey(f, key, log)
