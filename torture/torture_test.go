@@ -32,8 +32,6 @@ const ciOps = 60
 // on main (torture/FINDINGS.md says which). Remove a kind once its fix lands.
 var ciExclude = map[Kind]bool{
 	RewriteSameSize: true, // FINDINGS.md T1: a same-size rewrite of a resumed file is not seen (issue 13 item 12)
-	MigrateNew:      true, // FINDINGS.md T3, T4: keys and heads of two files with one id
-	Copy:            true, // FINDINGS.md T3: two files with one id swap keys across restarts
 }
 
 // TestTorture runs the seeded torture run: in CI a few fixed seeds for a fixed number of
