@@ -102,7 +102,10 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	conv := st.conv
 	st.mu.Unlock()
 
-	if !blob && p.msgSize(ml, int64(len(data))) > p.maxPayload() {
+	// The exact size (headers built) only for a line near the limit: most lines are far
+	// below it, and building their headers twice would cost every line.
+	near := int64(len(data)+len(ml.Source)+len(ml.Host))+headerReserve > p.maxPayload()
+	if !blob && near && p.msgSize(ml, int64(len(data))) > p.maxPayload() {
 		blob = true // the threshold allows it, the server would refuse it once headers count
 	}
 	var body []byte
