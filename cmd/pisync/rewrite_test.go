@@ -439,10 +439,16 @@ func TestSameSizeRewriteNewGeneration(t *testing.T) {
 	if err := f.Append(f.HeaderLine("/same"), f.Message(300), f.Message(300), f.Message(300)); err != nil {
 		t.Fatal(err)
 	}
-	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
-	defer d.stop()
+	state := t.TempDir()
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state)
 	nc := natstest.Connect(t, srv.URL())
 	r := newReader(t, nc, "t1", "alice")
+	allMirrored(t, r, root, 20*time.Second)
+	// Restarted: the file is resumed from its checkpoint (the watcher never read what
+	// lies before it), as after the SIGKILL of torture seed 20261201.
+	d.stop()
+	d = startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", state)
+	defer d.stop()
 	allMirrored(t, r, root, 20*time.Second)
 
 	lines := slices.Clone(f.Lines)
@@ -457,6 +463,12 @@ func TestSameSizeRewriteNewGeneration(t *testing.T) {
 	lines[1] = changed
 	if err := sessiontest.Rewrite(f.Path, lines); err != nil {
 		t.Fatal(err)
+	}
+	f.Lines = lines
+	for range 20 {
+		if err := f.Append(f.Message(200)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want, err := os.ReadFile(f.Path)
 	if err != nil {
