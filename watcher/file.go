@@ -43,6 +43,7 @@ type fileState struct {
 	current     bool       // the sink has opened the present content
 	pendingWhy  OpenReason // reason of the next Open when !current
 	movePending bool       // a Moved not yet accepted by the sink
+	resumedGrew bool       // the last run delivered lines past a Start (see run)
 	skip        bool
 	skipSize    int64
 	header      []byte
@@ -168,6 +169,10 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		s.current, s.pendingWhy, needOpen, why = false, Rechecked, true, Rechecked
 	}
 	s.movePending = s.movePending && needOpen
+	if needOpen && (why == Truncated || why == Rechecked) && s.announced {
+		w.log.Info("session file changed under what was delivered; opening it again",
+			zap.String("path", path), zap.String("reason", why.String()), zap.Bool("settled_check", settle))
+	}
 
 	if needOpen {
 		w.resetTorn(s)
@@ -236,6 +241,10 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return nil
 	})
 	w.addRead(n)
+	// A tail resumed from a Start that finds lines past it: the file changed while the
+	// daemon was away, perhaps rewritten keeping the line before the Start. The settled
+	// check then has it compared with the mirror (Rechecked).
+	s.resumedGrew = !s.t.prefixOK && s.t.ord > ord
 	if delivered := s.t.ord - ord; delivered > 0 {
 		w.lines.Add(delivered)
 		w.m.lines.Add(float64(delivered))
@@ -322,7 +331,7 @@ func (w *Watcher) succeed(s *fileState, fi os.FileInfo) {
 	s.backoff, s.agains = 0, 0
 	snap := snapOf(fi)
 	w.mu.Lock()
-	if s.snap.ok && snap != s.snap && s.current && !s.skip && w.opts.SettleDelay > 0 {
+	if ((s.snap.ok && snap != s.snap) || s.resumedGrew) && s.current && !s.skip && w.opts.SettleDelay > 0 {
 		// Changed since the last complete run: once it has been quiet for SettleDelay,
 		// every delivered byte is checked (a rewrite the per-run checks cannot see).
 		s.settleAt = w.afterLocked(w.opts.SettleDelay, s, kindSettle)

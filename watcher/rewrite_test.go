@@ -372,3 +372,32 @@ func TestRewriteAfterResumeIsRechecked(t *testing.T) {
 		t.Fatalf("opens %v", r)
 	}
 }
+
+// TestRewriteWhileAwayIsRechecked: torture seed 20261201. While the daemon was down, Pi
+// rewrote an earlier line (same size) and appended more; the checkpoint's last line is
+// unchanged, so the tail resumes from it. Lines past the Start mean the file changed while
+// away: the settled check has it compared with the mirror (Rechecked).
+func TestRewriteWhileAwayIsRechecked(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("awayaway", 4)
+	resumeAt := int64(len(joinLines(old...)))
+	now := session("awayaway", 7)
+	now[2] = strings.Replace(now[2], "away0002", "AWAY0002", 1)
+	writeFile(t, p, joinLines(now...))
+	sink := newRecSink()
+	sink.open = func(f File, why OpenReason) (Start, error) {
+		if why == Discovered {
+			return Start{Offset: resumeAt, Ordinal: 5}, nil // the checkpoint of the old content
+		}
+		return Start{}, nil
+	}
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
+	h.ready(t)
+	waitFor(t, "the whole file after a Rechecked open", func() bool {
+		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(now, "\n")
+	})
+	if r := sink.reasons(p); r[len(r)-1] != Rechecked {
+		t.Fatalf("opens %v", r)
+	}
+}
