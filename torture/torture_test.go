@@ -30,9 +30,7 @@ const ciOps = 60
 
 // ciExclude are the operation kinds CI (and make torture, unless told) leaves out because they find defects not fixed yet
 // on main (torture/FINDINGS.md says which). Remove a kind once its fix lands.
-var ciExclude = map[Kind]bool{
-	RewriteSameSize: true, // FINDINGS.md T1: a same-size rewrite of a resumed file is not seen (issue 13 item 12)
-}
+var ciExclude = map[Kind]bool{}
 
 // TestTorture runs the seeded torture run: in CI a few fixed seeds for a fixed number of
 // operations; with -torture.seed one seed (a reproducer); with -torture.duration fresh
