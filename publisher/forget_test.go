@@ -302,6 +302,21 @@ func openStore(t *testing.T, dir string) *checkpoint.Store {
 // head intervals, against a provisioned mirror on the server at url.
 func startPublisher(t *testing.T, ctx context.Context, url string, store *checkpoint.Store) *Publisher {
 	t.Helper()
+	opts := testOptions(t, ctx, url)
+	opts.Checkpoints = store
+	opts.CommitInterval, opts.HeadInterval = 20*time.Millisecond, 20*time.Millisecond
+	p, err := New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	return p
+}
+
+// testOptions are the options of a publisher for owner acme/dev on host h1 against a
+// provisioned mirror on the server at url, without a checkpoint store.
+func testOptions(t *testing.T, ctx context.Context, url string) Options {
+	t.Helper()
 	nc := natstest.Connect(t, url)
 	js, err := NewJetStream(nc, 5*time.Second, 64)
 	if err != nil {
@@ -315,13 +330,7 @@ func startPublisher(t *testing.T, ctx context.Context, url string, store *checkp
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(ctx, Options{JS: js, Names: names, Owner: owner, Host: "h1", Checkpoints: store,
-		CommitInterval: 20 * time.Millisecond, HeadInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Start()
-	return p
+	return Options{JS: js, Names: names, Owner: owner, Host: "h1"}
 }
 
 // startWatcher watches root for p; stop waits for the watcher to end.

@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -191,7 +192,9 @@ var (
 
 // stateCollector computes the progress gauges from the publisher's files at scrape time,
 // so they can never drift from the state they describe.
-type stateCollector struct{ p *Publisher }
+// p is bound by New while the registry may already be gathered (the HTTP server starts
+// first): an atomic pointer, not a plain field.
+type stateCollector struct{ p atomic.Pointer[Publisher] }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descSessions
@@ -202,10 +205,11 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.p == nil {
+	p := c.p.Load()
+	if p == nil {
 		return
 	}
-	snap := c.p.Progress()
+	snap := p.Progress()
 	for root, r := range snap.Roots {
 		for state, n := range map[string]int{"discovered": r.Sessions, "mirrored": r.Mirrored,
 			"pending": r.Pending, "torn": r.Torn, "deleted": r.Deleted, "skipped": r.Skipped} {

@@ -146,7 +146,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}
 	}
-	p.m.state.p = p
+	p.m.state.p.Store(p)
 	return p, nil
 }
 
