@@ -1,13 +1,12 @@
 // Command benchtable turns the output of the benchmark suite (go test -bench, run by
-// bench/run.sh) into bench/RESULTS.md: for each figure the median of the runs and their
-// spread (minimum to maximum), next to the target the issue sets. Nothing in the tables
+// bench/run.sh) into bench/RESULTS.md: for each figure the median of the runs and its
+// spread (golang.org/x/perf/benchmath), next to the target the issue sets. Nothing in the tables
 // is typed by hand; the notes after the notes marker of an existing RESULTS.md are kept.
 //
 //	go run ./bench/benchtable -in bench-output.txt -out bench/RESULTS.md -command 'bench/run.sh'
 package main
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
 	"io"
@@ -18,6 +17,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"golang.org/x/perf/benchfmt"
+	"golang.org/x/perf/benchmath"
 )
 
 // notesMarker starts the hand-written part of RESULTS.md, kept across regenerations.
@@ -74,43 +76,40 @@ type results struct {
 	runs   map[string]map[string][]float64 // name → unit → one value per run
 }
 
-var (
-	benchLine  = regexp.MustCompile(`^(Benchmark\S+?)(-\d+)?\s+(\d+)\s+(.*)$`)
-	configLine = regexp.MustCompile(`^([a-z][a-z0-9._-]*):\s*(.*)$`)
-)
+// gomaxprocs is the -N suffix go test adds to a benchmark's name.
+var gomaxprocs = regexp.MustCompile(`-\d+$`)
 
+// parse reads go test -bench output with benchfmt, the reader of the Go benchmark
+// format: a result's values keep the units and numbers the benchmark reported (benchfmt
+// would otherwise turn MB/s into B/s), and the first value of each configuration key
+// ("cpu:", "go:", ...) describes the machine.
 func parse(r io.Reader) (*results, error) {
 	res := &results{config: map[string]string{}, runs: map[string]map[string][]float64{}}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if m := benchLine.FindStringSubmatch(line); m != nil {
-			name := strings.TrimPrefix(m[1], "Benchmark")
-			f := strings.Fields(m[4])
-			if len(f)%2 != 0 {
-				continue // a line broken by output of the benchmark itself
-			}
-			if res.runs[name] == nil {
-				res.runs[name] = map[string][]float64{}
-				res.order = append(res.order, name)
-			}
-			for i := 0; i+1 < len(f); i += 2 {
-				v, err := strconv.ParseFloat(f[i], 64)
-				if err != nil {
-					continue
-				}
-				res.runs[name][f[i+1]] = append(res.runs[name][f[i+1]], v)
-			}
-			continue
+	br := benchfmt.NewReader(r, "benchmark output")
+	for br.Scan() {
+		rec, ok := br.Result().(*benchfmt.Result)
+		if !ok {
+			continue // unit metadata, or a line broken by the benchmark's own output
 		}
-		if m := configLine.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "ok ") {
-			if _, seen := res.config[m[1]]; !seen {
-				res.config[m[1]] = m[2]
+		for _, c := range rec.Config {
+			if _, seen := res.config[c.Key]; !seen && c.File {
+				res.config[c.Key] = strings.TrimSpace(string(c.Value))
 			}
+		}
+		name := gomaxprocs.ReplaceAllString(rec.Name.String(), "")
+		if res.runs[name] == nil {
+			res.runs[name] = map[string][]float64{}
+			res.order = append(res.order, name)
+		}
+		for _, v := range rec.Values {
+			unit, val := v.Unit, v.Value
+			if v.OrigUnit != "" {
+				unit, val = v.OrigUnit, v.OrigValue
+			}
+			res.runs[name][unit] = append(res.runs[name][unit], val)
 		}
 	}
-	return res, sc.Err()
+	return res, br.Err()
 }
 
 // figure is one row of a table: a unit of a benchmark, its label and its target.
@@ -226,7 +225,7 @@ func render(res *results, command string) string {
 	var b strings.Builder
 	b.WriteString("# pisync benchmark results\n\n")
 	b.WriteString("Written by `bench/run.sh` (`go run ./bench/benchtable`) from the output of the benchmark suite; the numbers are not edited by hand. ")
-	b.WriteString("Each figure is the **median** of the runs, with the **spread** (lowest to highest run). What each case measures and how is in `bench/README.md`.\n\n")
+	b.WriteString("Each figure is the **median** of the runs, with its **spread**: the 95% confidence interval of the median (distribution-free, as benchstat computes it) where there are 6 runs or more, else the lowest to the highest run. What each case measures and how is in `bench/README.md`.\n\n")
 	fmt.Fprintf(&b, "To reproduce: `%s`\n\n", command)
 	b.WriteString("| machine | |\n|---|---|\n")
 	for _, k := range []string{"cpu", "cores", "memory", "kernel", "goos", "goarch", "go", "nats-server", "nats.go", "started", "load"} {
@@ -366,19 +365,21 @@ func cellMed(vs []float64) string {
 	return num(med)
 }
 
-// stats returns the median, lowest and highest value.
+// confidence is the level of the interval given as a figure's spread.
+const confidence = 0.95
+
+// stats returns the median and its spread: the distribution-free 95% confidence
+// interval of the median (benchmath's AssumeNothing, as benchstat computes it) when the
+// runs are enough for one (6 or more), else the lowest and highest run.
 func stats(vs []float64) (med, lo, hi float64) {
 	if len(vs) == 0 {
 		return math.NaN(), math.NaN(), math.NaN()
 	}
-	s := slices.Clone(vs)
-	slices.Sort(s)
-	n := len(s)
-	med = s[n/2]
-	if n%2 == 0 {
-		med = (s[n/2-1] + s[n/2]) / 2
+	sum := benchmath.AssumeNothing.Summary(benchmath.NewSample(vs, &benchmath.DefaultThresholds), confidence)
+	if len(sum.Warnings) == 0 && !math.IsInf(sum.Lo, 0) && !math.IsInf(sum.Hi, 0) {
+		return sum.Center, sum.Lo, sum.Hi
 	}
-	return med, s[0], s[n-1]
+	return sum.Center, slices.Min(vs), slices.Max(vs)
 }
 
 // bound formats an exact number (a target, a count): as short as it is, thousands
