@@ -6,13 +6,29 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run build test deps check unit ts bench-smoke fuzz-smoke
+.PHONY: run build release test deps check unit ts bench-smoke fuzz-smoke
 
 run:
 	$(GO) run ./cmd/pisync run
 
 build:
 	$(GO) build -o bin/pisync ./cmd/pisync
+
+# Static binaries (no cgo) for each platform, with version, commit and build time
+# (pisync version), and their SHA-256 sums, into dist/.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_TIME ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+release:
+	rm -rf dist && mkdir -p dist
+	for p in $(PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; ext=; [ $$os = windows ] && ext=.exe; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath \
+			-ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildTime=$(BUILD_TIME)" \
+			-o dist/pisync-$(VERSION)-$$os-$$arch$$ext ./cmd/pisync || exit 1; \
+	done
+	cd dist && sha256sum pisync-* > SHA256SUMS
 
 test: deps check unit ts
 

@@ -40,7 +40,7 @@ func newRegistry() *prometheus.Registry {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "pisync_build_info",
 			Help:        "Always 1; the labels say which build of pisync is running.",
-			ConstLabels: prometheus.Labels{"version": version},
+			ConstLabels: prometheus.Labels{"version": currentVersion().Version},
 		}, func() float64 { return 1 }),
 	)
 	return reg

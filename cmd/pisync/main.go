@@ -69,7 +69,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "verify":
 		err = VerifyCommand(ctx, args[1:], stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "pisync", version)
+		fmt.Fprintln(stdout, currentVersion())
 		return exitOK
 	default:
 		fmt.Fprintf(stderr, "pisync: unknown command %q; try 'pisync help'\n", args[0])
