@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -45,5 +49,35 @@ func TestDescribeBuild(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestGoInstall: `go install` of this package works from the module as published (the
+// module path of go.mod, which README's install command names), offline, and the
+// binary it installs answers `version` with the module's path known to it.
+func TestGoInstall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	gobin := t.TempDir()
+	cmd := exec.Command("go", "install", ".")
+	cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOPROXY=off", "GOFLAGS=-mod=readonly")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install: %v\n%s", err, out)
+	}
+	bin := filepath.Join(gobin, "pisync")
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
+	out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\tpath\tgithub.com/pisync/pisync/cmd/pisync") {
+		t.Fatalf("go version -m: %v\n%s", err, out)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil || !strings.Contains(string(readme), "go install github.com/pisync/pisync/cmd/pisync@latest") {
+		t.Errorf("README's install command is not the module path's: %v", err)
+	}
+	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "pisync ") {
+		t.Errorf("installed pisync version: %v\n%s", err, out)
 	}
 }
