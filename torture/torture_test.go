@@ -33,6 +33,7 @@ const ciOps = 60
 var ciExclude = map[Kind]bool{
 	MigrateNew: true, // FINDINGS.md T3, T4: keys and heads of two files with one id
 	Copy:       true, // FINDINGS.md T3, T8: two files with one id (clash keys, clash report)
+	DupID:      true, // FINDINGS.md "Harness to-do": the message-id check reads Pisync-Entry-Id
 }
 
 // TestTorture runs the seeded torture run: in CI a few fixed seeds for a fixed number of
