@@ -27,8 +27,9 @@ func TestRecoverRefusals(t *testing.T) {
 		input   string
 		blobs   int
 		opts    Options
-		prepare func(t *testing.T, s *setup) // edit what is mirrored and what is on disk
-		want    []string                     // substrings of the reason
+		prepare func(t *testing.T, s *setup)                        // edit what is mirrored and what is on disk
+		damage  func(t *testing.T, tm *mirrortest.Mirror, s *setup) // edit the mirror after it is written
+		want    []string                                            // substrings of the reason
 	}{
 		{name: "existing file", input: "missing_middle",
 			prepare: func(t *testing.T, s *setup) { mirrortest.WriteFile(t, s.local, mirrortest.JoinLines(s.lines[:4])) },
@@ -51,9 +52,12 @@ func TestRecoverRefusals(t *testing.T) {
 			prepare: func(t *testing.T, s *setup) { s.m.Msgs[5].SHA256 = mirrortest.Digest([]byte("something else")) },
 			want:    []string{"digest mismatch", "line 6 (ordinal 5)"}},
 		{name: "blob digest mismatch", input: "blob", blobs: 400,
-			prepare: func(t *testing.T, s *setup) {
+			prepare: func(t *testing.T, s *setup) {},
+			// The writer refuses to store bytes under another digest's name, so the damage
+			// is done behind its back, as a bucket edited by hand or a disk fault would.
+			damage: func(t *testing.T, tm *mirrortest.Mirror, s *setup) {
 				for sha, b := range s.m.Blobs {
-					s.m.Blobs[sha] = bytes.Replace(b, []byte("x"), []byte("y"), 1)
+					tm.PlantBlob(t, sha, bytes.Replace(b, []byte("x"), []byte("y"), 1))
 					break
 				}
 			},
@@ -85,6 +89,9 @@ func TestRecoverRefusals(t *testing.T) {
 			s.local = filepath.Join(s.root, filepath.FromSlash(s.head.Source))
 			tc.prepare(t, s)
 			tm.Publish(t, s.m, s.m.Msgs, &s.head)
+			if tc.damage != nil {
+				tc.damage(t, tm, s)
+			}
 			before := snapshot(t, base)
 
 			opts := tc.opts

@@ -79,25 +79,39 @@ func TestExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	exported := map[string]bool{}
+	// pisync serve exports the store's families beside the connection's: one file lists
+	// both commands', as dashboards and alerts query them from one Prometheus.
+	s := startServe(t, srv.URL())
+	serveWorkload(t, s)
+	for _, mf := range s.metricFamilies(t) {
+		mfs = append(mfs, mf)
+	}
+	labelsOf := map[string]map[string]bool{}
+	typeOf := map[string]dto.MetricType{}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "pisync_") {
 			continue // go_* and process_*: the client library's, not ours
 		}
-		exported[mf.GetName()] = true
-		labels := map[string]bool{}
+		if labelsOf[mf.GetName()] == nil {
+			labelsOf[mf.GetName()] = map[string]bool{}
+		}
+		typeOf[mf.GetName()] = mf.GetType()
 		for _, m := range mf.GetMetric() {
 			for _, lp := range m.GetLabel() {
-				labels[lp.GetName()] = true
+				labelsOf[mf.GetName()][lp.GetName()] = true
 			}
 		}
+	}
+	var lines []string
+	exported := map[string]bool{}
+	for name, labels := range labelsOf {
+		exported[name] = true
 		names := make([]string, 0, len(labels))
 		for l := range labels {
 			names = append(names, l)
 		}
 		sort.Strings(names)
-		line := mf.GetName() + " " + strings.ToLower(dto.MetricType_name[int32(mf.GetType())])
+		line := name + " " + strings.ToLower(dto.MetricType_name[int32(typeOf[name])])
 		if len(names) > 0 {
 			line += " " + strings.Join(names, ",")
 		}

@@ -219,6 +219,20 @@ func (tm *Mirror) Publish(t *testing.T, m Mirrored, msgs []mirror.Msg, head *mir
 	}
 }
 
+// PlantBlob stores b under the object name of digest sha256hex without the writer's
+// digest check: a damaged blob, for tests of the readers that must refuse it.
+func (tm *Mirror) PlantBlob(t *testing.T, sha256hex string, b []byte) {
+	t.Helper()
+	ctx := Ctx(t)
+	obj, err := tm.JS.ObjectStore(ctx, tm.Names.BlobsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obj.PutBytes(ctx, tm.Owner.ObjectName(sha256hex), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // MirrorInput publishes a file's lines whole as generation gen, with its head recorded
 // under root.
 func (tm *Mirror) MirrorInput(t *testing.T, path string, gen, blobThreshold int, root string) ([][]byte, Mirrored, mirror.Head) {
