@@ -15,6 +15,7 @@ import (
 var wantAlerts = []string{
 	"PisyncDown", "PisyncNATSDisconnected", "PisyncBacklogNotShrinking",
 	"PisyncPublishFailures", "PisyncTornTailStuck", "PisyncVerifyMismatch",
+	"PisyncStoreErrors",
 }
 
 // TestPromtool runs Prometheus' own checks on the configuration, the rules and the rule
@@ -143,9 +144,13 @@ func TestPrometheusScrapeConfig(t *testing.T) {
 			if str(g, "labels", "tenant") == "" {
 				t.Errorf("job %s: target group %d has no tenant label (the dashboard's Tenant selector needs it)", job, i)
 			}
+			port := ":9470" // pisync run's default --http-addr
+			if job == "pisync-serve" {
+				port = ":9471" // pisync serve's
+			}
 			for _, target := range list(g, "targets") {
-				if s, _ := target.(string); !strings.HasSuffix(s, ":9470") {
-					t.Errorf("job %s: target %v is not on pisync's default port 9470", job, target)
+				if s, _ := target.(string); !strings.HasSuffix(s, port) {
+					t.Errorf("job %s: target %v is not on the default port %s", job, target, port)
 				}
 			}
 		}
