@@ -53,6 +53,15 @@ ts:
 	@command -v npm >/dev/null || { echo "ts: npm is not installed (.ci/install-deps installs it)"; exit 1; }
 	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test
 
+# The long soaks by hand: a 2-minute NATS outage with ~100 MB appended, then 10 minutes of
+# injected faults. `make test` runs both with short budgets (30 s, 1 min).
+SOAK_OUTAGE ?= 2m
+SOAK_CHAOS ?= 10m
+.PHONY: soak
+soak:
+	$(GO) test -race ./cmd/pisync -run '^(TestLongOutageMemoryFlat|TestChaos)$$' -count=1 -timeout 0 -v \
+		-args -outage=$(SOAK_OUTAGE) -chaos.for=$(SOAK_CHAOS)
+
 # The seeded torture run by hand: fresh seeds for TORTURE_DURATION (default 60m) against the
 # real daemon (built with -race) and a real nats-server; every seed and its outcome is
 # appended to TORTURE_RECORD. SEED=… [OPS=…] [EXCLUDE=…] replays one seed (the reproducer a

@@ -71,7 +71,7 @@ func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
 			sv.sem <- struct{}{}
 			go func() {
 				defer func() { <-sv.sem; sv.wg.Done() }()
-				s.handle(sv.ctx, op, r)
+				s.handle(sv.ctx, nc, op, r)
 			}()
 		})
 		if err := svc.AddEndpoint(op, h, micro.WithEndpointSubject(s.names.StoreService(op))); err != nil {
@@ -103,8 +103,12 @@ func (sv *Service) Stop() error {
 // Stopped reports whether the service has stopped (the connection closed under it).
 func (sv *Service) Stopped() bool { return sv.svc.Stopped() }
 
-// handle answers one request.
-func (s *Store) handle(ctx context.Context, op string, r micro.Request) {
+// handle answers one request. It runs on its own goroutine, after the micro handler has
+// returned: it must not call the request's Respond or Error, which write fields that
+// micro reads once the handler returns (a data race). It publishes the reply on nc
+// instead, with micro's error headers; micro's own stats therefore count requests but
+// not errors (pisync_store_requests_total has the codes).
+func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Request) {
 	start := time.Now()
 	s.m.inflight.Inc()
 	defer s.m.inflight.Dec()
@@ -118,7 +122,8 @@ func (s *Store) handle(ctx context.Context, op string, r micro.Request) {
 			OK    bool   `json:"ok"`
 			Error *Error `json:"error"`
 		}{false, e})
-		if err := r.Error(httpCode(e.Code), e.Message, body); err != nil {
+		hdr := nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {httpCode(e.Code)}}
+		if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Header: hdr, Data: body}); err != nil {
 			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
 		}
 		if e.Code == CodeUnavailable {
@@ -130,7 +135,7 @@ func (s *Store) handle(ctx context.Context, op string, r micro.Request) {
 			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
 			return
 		}
-		if err := r.Respond(body); err != nil {
+		if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: body}); err != nil {
 			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
 		}
 		if op == "append" {
