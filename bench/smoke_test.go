@@ -45,6 +45,13 @@ func TestSmoke(t *testing.T) {
 		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))
 		runDaemonBackfill(t, getWorkload(t, filesSpec(30, 2)))
 	})
+	t.Run("store", func(t *testing.T) {
+		// Entries of 16 KiB, so that open needs more than one reply.
+		r := runStore(t, storeConfig{appends: 20, warmup: 5, openEntries: 120, opens: 1, sessions: 5, perSession: 5, entryBytes: 16 << 10})
+		if len(r.store) != 20 || len(r.raw) != 20 || len(r.jsonl) != 20 || r.pages < 2 || r.perSec <= 0 || r.rawPerSec <= 0 {
+			t.Fatalf("%+v", r)
+		}
+	})
 	t.Run("capacity", func(t *testing.T) {
 		r := runCapacity(t, 300, 500, 300, 0)
 		if r.convHot <= 0 || r.headHot <= 0 || r.diskPerEntry <= r.payloadPerEntry {

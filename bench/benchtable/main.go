@@ -219,6 +219,27 @@ var sections = []section{
 			{unit: "ratio", label: "ratio pisync / raw"},
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
+	{"9. Session store (pisync serve)", "Store",
+		"The store package serving as `pisync serve` does (one replica, its own connection) on an embedded server on loopback; the client sends requests as a runtime does. Append latency, one append after the other on one session (entries of 1 KiB, Pi message entries), request to reply, in rounds of 100 alternating with Pi's JSONL append (what `JsonlSessionStorage.appendEntry` does: `appendFile` of the line, that is open, write, close, no fsync) and with a raw synchronous JetStream publish of the same message with `Nats-Expected-Last-Subject-Sequence`; ratios are store / other side. Open of a session of 10,000 entries, from the first request to the last page decoded: cold (a replica that has never read the session) and warm (the replica that just appended to it). Appends/s with 100 sessions appending at once (50 each, one client connection), against raw publishes with the expected sequence on as many subjects at once. This case alone: `BENCH=Store bench/run.sh`.",
+		[]figure{
+			{unit: "p50-ms", label: "append p50, ms"},
+			{unit: "p99-ms", label: "append p99, ms", target: "≤", bound: 5},
+			{unit: "raw-p50-ms", label: "raw publish (expected sequence) p50, ms"},
+			{unit: "raw-p99-ms", label: "raw publish (expected sequence) p99, ms"},
+			{unit: "raw-ratio-p50", label: "ratio store / raw, p50"},
+			{unit: "raw-ratio-p99", label: "ratio store / raw, p99"},
+			{unit: "jsonl-p50-ms", label: "Pi JSONL append p50, ms"},
+			{unit: "jsonl-p99-ms", label: "Pi JSONL append p99, ms"},
+			{unit: "jsonl-ratio-p50", label: "ratio store / Pi JSONL, p50"},
+			{unit: "jsonl-ratio-p99", label: "ratio store / Pi JSONL, p99"},
+			{unit: "open-cold-ms", label: "open of 10,000 entries, cold, ms", target: "≤", bound: 300},
+			{unit: "open-warm-ms", label: "open of 10,000 entries, warm, ms", target: "≤", bound: 300},
+			{unit: "open-pages", label: "open, replies"},
+			{unit: "appends/s", label: "appends/s, 100 sessions at once"},
+			{unit: "raw-appends/s", label: "raw publishes/s, 100 subjects at once"},
+			{unit: "appends-ratio", label: "ratio store / raw, appends/s"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
 }
 
 func render(res *results, command string) string {
