@@ -25,36 +25,45 @@ import (
 
 var flagDaemonEnv = flag.String("daemon-env", "", "extra environment of the daemon, space-separated (GOGC=50 GOMEMLIMIT=48MiB …)")
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
+var pisyncBin built
 
 // pisyncBinary builds cmd/pisync once per process (or takes -pisync-bin).
 func pisyncBinary(tb testing.TB) string {
 	tb.Helper()
-	if *flagPisyncBin != "" {
-		return *flagPisyncBin
+	return pisyncBin.get(tb, *flagPisyncBin, "github.com/pisync/pisync/cmd/pisync")
+}
+
+// built is a binary go-built once per process into a directory removed at its end,
+// unless one was given (prebuilt).
+type built struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func (b *built) get(tb testing.TB, prebuilt, pkg string) string {
+	tb.Helper()
+	if prebuilt != "" {
+		return prebuilt
 	}
-	binOnce.Do(func() {
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "pisync-bench-bin-")
 		if err != nil {
-			binErr = err
+			b.err = err
 			return
 		}
 		atExit(func() { os.RemoveAll(dir) })
-		binPath = filepath.Join(dir, "pisync")
-		cmd := exec.Command(goTool(), "build", "-o", binPath, "github.com/pisync/pisync/cmd/pisync")
+		b.path = filepath.Join(dir, filepath.Base(strings.TrimSuffix(pkg, "/v2")))
+		cmd := exec.Command(goTool(), "build", "-o", b.path, pkg)
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/pisync: %v\n%s", err, out)
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	})
-	if binErr != nil {
-		tb.Fatal(binErr)
+	if b.err != nil {
+		tb.Fatal(b.err)
 	}
-	return binPath
+	return b.path
 }
 
 func goTool() string {
@@ -162,8 +171,12 @@ func (d *daemonProc) stop(tb testing.TB) {
 	}
 }
 
+// scrapeClient asks for uncompressed responses: compressing /metrics would be CPU time
+// the benchmark's polling adds to the daemon's.
+var scrapeClient = &http.Client{Transport: &http.Transport{DisableCompression: true}}
+
 func (d *daemonProc) get(path string) ([]byte, error) {
-	resp, err := http.Get("http://" + d.addr + path)
+	resp, err := scrapeClient.Get("http://" + d.addr + path)
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,8 @@ type target struct {
 	replicas int
 	stop     func()
 	storeDir []string
+	// serverCPU, for a server in a child process, stops it and returns its CPU time.
+	serverCPU func() time.Duration
 }
 
 // newTarget starts a fresh embedded JetStream server (replicas 1) or a 3-node cluster

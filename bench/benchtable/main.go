@@ -240,6 +240,19 @@ var sections = []section{
 			{unit: "appends-ratio", label: "ratio store / raw, appends/s"},
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
+	{"10. CPU per line: the per-host bill", "CPUPerLine",
+		"Issue 15: the CPU time of the daemon process alone (`pisync run`, a child process; its rusage at exit) mirroring Pi-shaped sessions into a standalone nats-server (another child process, counted on neither side), against the CPU time of raw `PublishMsgAsync` of the same messages (reading the files and publishing; metadata computed beforehand) into a fresh standalone server in the same run. Goal: 23 µs a line, hashing included (half of Telegraf's 7.04 CPU-s for 150,300 lines), at least as fast.",
+		[]figure{
+			{unit: "cpu-us/line", label: "pisync, CPU µs per line", target: "≤", bound: 23},
+			{unit: "cpu-s/100k-lines", label: "pisync, CPU-s per 100,000 lines"},
+			{unit: "raw-cpu-us/line", label: "raw publish, CPU µs per line"},
+			{unit: "cpu-ratio", label: "CPU ratio pisync / raw"},
+			{unit: "pisync-s", label: "pisync, s until every line is acknowledged"},
+			{unit: "raw-s", label: "raw publish, s"},
+			{unit: "ratio", label: "speed ratio pisync / raw"},
+			{unit: "peak-rss-MB", label: "daemon peak RSS (maxrss), MB"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
 }
 
 func render(res *results, command string) string {

@@ -1,0 +1,197 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/mirror"
+)
+
+// BenchmarkCPUPerLine is issue 15 item 4, the per-host bill: the CPU time of the daemon
+// process alone (`pisync run`, a child process: its rusage at exit, graceful shutdown
+// included) to mirror -cpu-sessions × -cpu-entries Pi-shaped sessions into one standalone
+// nats-server (another child process, built from the nats-server module: its CPU is
+// counted on neither side), in CPU-seconds per 100,000 lines and µs per line; next to the
+// CPU time this process spends publishing the same messages raw (`PublishMsgAsync`, the
+// ceiling of case 1, whose metadata was computed when the workload was written: it pays
+// for reading the files and publishing only) into a fresh standalone server in the same
+// run. Goal: 23 µs a line, hashing included (half of Telegraf's 7.04 CPU-s on 300
+// sessions, 150,300 lines), at least as fast as Telegraf. The default is a third of
+// issue 15's workload; `-cpu-sessions 300` is the issue's.
+func BenchmarkCPUPerLine(b *testing.B) {
+	w := getWorkload(b, spec{name: "cpu", sessions: *flagCPUSessions, entries: *flagCPUEntries, perDir: 20, seed: 15})
+	for range b.N {
+		r := runCPU(b, w)
+		lines := float64(w.lines)
+		b.ReportMetric(r.pisyncCPU.Seconds()/lines*1e5, "cpu-s/100k-lines")
+		b.ReportMetric(r.pisyncCPU.Seconds()/lines*1e6, "cpu-us/line")
+		b.ReportMetric(r.rawCPU.Seconds()/lines*1e6, "raw-cpu-us/line")
+		b.ReportMetric(r.pisyncCPU.Seconds()/r.rawCPU.Seconds(), "cpu-ratio")
+		b.ReportMetric(r.pisyncCPU.Seconds(), "cpu-s")
+		b.ReportMetric(r.pisync.Seconds(), "pisync-s")
+		b.ReportMetric(r.raw.Seconds(), "raw-s")
+		b.ReportMetric(r.raw.Seconds()/r.pisync.Seconds(), "ratio")
+		b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
+		b.ReportMetric(r.others, "others-cpu-%")
+		reportWorkload(b, w)
+	}
+}
+
+var (
+	flagCPUSessions = flag.Int("cpu-sessions", 100, "CPU per line: sessions (issue 15's workload: 300)")
+	flagCPUEntries  = flag.Int("cpu-entries", 500, "CPU per line: entries per session")
+	flagNATSServer  = flag.String("nats-server-bin", "", "CPU per line: nats-server binary (default: go build github.com/nats-io/nats-server/v2)")
+)
+
+type cpuResult struct {
+	pisync, raw       time.Duration // wall time until every line is acknowledged
+	pisyncCPU, rawCPU time.Duration
+	peakRSS           int64
+	others            float64
+}
+
+var cpuRuns int // to alternate which side goes first
+
+// runCPU measures both sides, each on a fresh standalone server, the side going first
+// alternating from run to run, and checks that each stored every line.
+func runCPU(tb testing.TB, w *workload) cpuResult {
+	tb.Helper()
+	pisyncBinary(tb)
+	natsServerBinary(tb)
+	cpuRuns++
+	var r cpuResult
+	var children time.Duration
+	sides := []func(){
+		func() { // raw: this process's CPU time while it publishes
+			t := standaloneTarget(tb)
+			defer t.close()
+			nc := t.connect(tb)
+			defer nc.Close()
+			settle()
+			c0, start := selfCPU(), time.Now()
+			rawPublish(tb, nc, w, *flagWindow)
+			r.raw, r.rawCPU = time.Since(start), selfCPU()-c0
+			checkStored(tb, nc, w)
+			children += t.serverCPU()
+		},
+		func() { // pisync: the daemon's rusage, from start to exit
+			t := standaloneTarget(tb)
+			defer t.close()
+			settle()
+			start := time.Now()
+			d := startDaemon(tb, t.url, w.root)
+			waitProfile := d.profile(tb, "cpu-per-line", 20*time.Second)
+			run := d.waitMirrored(tb, start, len(w.files), w.bytes, time.Hour)
+			waitProfile()
+			r.pisync = run.mirrored
+			d.stop(tb)
+			r.pisyncCPU = rusageCPU(tb, d.cmd.ProcessState)
+			r.peakRSS = d.cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
+			nc := t.connect(tb)
+			defer nc.Close()
+			checkStored(tb, nc, w)
+			children += r.pisyncCPU + t.serverCPU()
+		},
+	}
+	if cpuRuns%2 == 0 {
+		sides[0], sides[1] = sides[1], sides[0]
+	}
+	load := startLoad()
+	for _, side := range sides {
+		side()
+	}
+	r.others = load.othersPercent(children)
+	return r
+}
+
+// rusageCPU is the CPU time (user and system) of an exited child.
+func rusageCPU(tb testing.TB, ps *os.ProcessState) time.Duration {
+	tb.Helper()
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		tb.Fatal("no rusage of a child process")
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func checkStored(tb testing.TB, nc *nats.Conn, w *workload) {
+	tb.Helper()
+	if got := streamMsgs(tb, nc); got != uint64(w.lines) {
+		tb.Fatalf("%d messages in the stream, want %d", got, w.lines)
+	}
+}
+
+var natsServerBin built
+
+// natsServerBinary builds the nats-server of go.mod once per process (or takes
+// -nats-server-bin).
+func natsServerBinary(tb testing.TB) string {
+	tb.Helper()
+	return natsServerBin.get(tb, *flagNATSServer, "github.com/nats-io/nats-server/v2")
+}
+
+// standaloneTarget starts a nats-server with JetStream as a child process (the options
+// of natstest's servers: loopback, file store, 1 MiB payloads) and provisions the mirror.
+func standaloneTarget(tb testing.TB) *target {
+	tb.Helper()
+	dir := tb.TempDir()
+	port := natstest.FreePort(tb)
+	conf := filepath.Join(dir, "nats.conf")
+	store := filepath.Join(dir, "js")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nmax_payload: 1MB\njetstream { store_dir: %q }\n", port, store), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(natsServerBinary(tb), "-c", conf)
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		select {
+		case <-exited:
+			return
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	tb.Cleanup(stop)
+	t := &target{url: fmt.Sprintf("nats://127.0.0.1:%d", port), replicas: 1, stop: stop, storeDir: []string{store},
+		serverCPU: func() time.Duration { stop(); return rusageCPU(tb, cmd.ProcessState) }}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nc, err := nats.Connect(t.url)
+		if err == nil {
+			nc.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("nats-server not accepting connections after 30 s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	nc := t.connect(tb)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := mirror.Provision(ctx, jsOf(tb, nc), mirror.DefaultNames(), mirror.Config{Replicas: 1}); err != nil {
+		tb.Fatal(err)
+	}
+	return t
+}
