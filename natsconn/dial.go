@@ -1,6 +1,7 @@
 // Package natsconn dials NATS with pisync's connection policy: retries with backoff
 // until a deadline, warnings that do not repeat, a hint naming the flag to check, and
-// reconnection forever once connected, counted in Prometheus metrics.
+// reconnection forever once connected, spread by exponential backoff with full jitter
+// (Backoff) and counted in Prometheus metrics.
 package natsconn
 
 import (
@@ -23,15 +24,14 @@ import (
 const WarnEvery = time.Minute
 
 // Dial connects to url (a comma-separated list, credentials allowed) with the given
-// options and pisync's reconnection policy, retrying with backoff until ctx ends or
+// options (which may replace the Reconnect policy) and pisync's reconnection policy, retrying with backoff until ctx ends or
 // timeout passes (timeout 0: until ctx ends). m may be nil. The error names the URL
 // with its credentials hidden and, for the usual causes, the flag to look at.
 func Dial(ctx context.Context, url, name string, timeout time.Duration, log *zap.Logger, m *Metrics, extra ...nats.Option) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		Reconnect.Option(),
 		nats.ReconnectBufSize(16 << 20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			m.disconnected()
@@ -48,10 +48,10 @@ func Dial(ctx context.Context, url, name string, timeout time.Duration, log *zap
 		}),
 	}
 	opts = append(opts, extra...)
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 10 * time.Second
-	bo.MaxElapsedTime = 0 // the deadline is tctx's: the last wait is cut short, not skipped
+	// The deadline is tctx's: the last wait is cut short, not skipped. The first
+	// connection waits at most 10 s between attempts: a daemon started by hand should
+	// not look hung; a fleet started at once is spread by the jitter all the same.
+	bo := &sequence{b: Backoff{Base: 200 * time.Millisecond, Max: 10 * time.Second}}
 	tctx := ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc

@@ -466,8 +466,17 @@ func (p *Publisher) endResync(st *fileState) {
 	st.mu.Unlock()
 }
 
+// maxResyncs is how many files of one daemon ask the mirror at once what it holds of
+// their failed lines. After an outage every file with lines in flight reconciles; the
+// rest wait their turn, so that the questions of a fleet coming back arrive at the pace
+// of its reconnections, not all at once (docs/capacity.md, the restart storm).
+const maxResyncs = 4
+
 // resendUnheld is one reconciliation attempt.
 func (p *Publisher) resendUnheld(st *fileState) error {
+	if err := p.resyncs.Acquire(p.runCtx, 1); err != nil {
+		return err // closing
+	}
 	ctx, cancel := context.WithTimeout(p.runCtx, 10*time.Second)
 	defer cancel()
 	st.mu.Lock()
@@ -475,13 +484,11 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	st.failed = false
 	st.mu.Unlock()
 	last, err := p.reader.LastSeq(ctx, st.conv)
-	if err != nil {
-		st.mu.Lock()
-		st.failed = true
-		st.mu.Unlock()
-		return err
+	var held map[int64]heldLine
+	if err == nil {
+		held, _, err = p.heldSince(ctx, st.conv, gen, from, last)
 	}
-	held, _, err := p.heldSince(ctx, st.conv, gen, from, last)
+	p.resyncs.Release(1)
 	if err != nil {
 		st.mu.Lock()
 		st.failed = true

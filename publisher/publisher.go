@@ -63,6 +63,7 @@ type Publisher struct {
 
 	window  *semaphore.Weighted // bytes in flight
 	slots   *semaphore.Weighted // messages in flight
+	resyncs *semaphore.Weighted // reconciliations asking the mirror (maxResyncs)
 	acks    chan pending        // publish order
 	wg      sync.WaitGroup
 	runCtx  context.Context
@@ -133,6 +134,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		opts: opts, log: opts.Logger, m: opts.Metrics, reader: r, writer: w,
 		window:         semaphore.NewWeighted(opts.WindowBytes),
 		slots:          semaphore.NewWeighted(int64(opts.WindowMessages)),
+		resyncs:        semaphore.NewWeighted(maxResyncs),
 		acks:           make(chan pending, opts.WindowMessages),
 		closing:        make(chan struct{}),
 		commitFailures: lograte.Run{Every: 100}, headFailures: lograte.Run{Every: 1000},
