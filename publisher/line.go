@@ -9,7 +9,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -22,9 +21,10 @@ import (
 
 // pending is one publish waiting for its acknowledgement.
 type pending struct {
-	st  *fileState
-	it  *item
-	fut jetstream.PubAckFuture
+	st    *fileState
+	it    *item
+	fut   jetstream.PubAckFuture
+	epoch uint64 // the gate's epoch when it was sent
 }
 
 // Line turns one complete line into a message and publishes it, unless the mirror
@@ -38,6 +38,10 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		return fmt.Errorf("%s: line %d of a file not opened under this identity: %w", f.Path, l.Ordinal+1, watcher.ErrReopen)
 	}
 	if err := p.waitResync(ctx, st); err != nil {
+		return err
+	}
+	// While the cluster has no room, the whole host waits here (the files buffer).
+	if err := p.gate.wait(ctx, p.closing); err != nil {
 		return err
 	}
 	it := &item{ordinal: l.Ordinal, end: l.Offset + l.Len + 1, length: l.Len, seen: l.Seen}
@@ -242,6 +246,7 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
 	msg := it.msg
 	st.mu.Unlock()
+	epoch := p.gate.current()
 	fut, err := p.opts.JS.PublishMsgAsync(msg)
 	st.mu.Lock()
 	if err != nil {
@@ -250,13 +255,13 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 			p.refused(ctx, st, it, err)
 			return nil
 		}
-		p.fail(st, err)
+		p.fail(st, err, epoch)
 		return nil // the line is queued; reconciliation publishes it
 	}
 	it.inFlight = true
 	st.mu.Unlock()
 	select {
-	case p.acks <- pending{st: st, it: it, fut: fut}:
+	case p.acks <- pending{st: st, it: it, fut: fut, epoch: epoch}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -281,11 +286,12 @@ func (p *Publisher) collectAcks() {
 		case <-p.runCtx.Done():
 			return
 		}
-		p.resolve(pd.st, pd.it, ack, err)
+		p.resolve(pd, ack, err)
 	}
 }
 
-func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err error) {
+func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
+	st, it := pd.st, pd.it
 	st.mu.Lock()
 	it.inFlight = false
 	if it.done {
@@ -305,14 +311,15 @@ func (p *Publisher) resolve(st *fileState, it *item, ack *jetstream.PubAck, err 
 			return
 		}
 		st.mu.Unlock()
-		p.fail(st, err)
+		p.fail(st, err, pd.epoch)
 		return
 	}
+	p.gate.acknowledged(pd.epoch)
 	if ack.Duplicate && it.idMayRepeat() {
 		st.mu.Unlock()
 		repeated, err := p.repeatedID(st, it, ack.Sequence)
 		if err != nil {
-			p.fail(st, err)
+			p.fail(st, err, pd.epoch)
 			return
 		}
 		if repeated {
@@ -353,11 +360,21 @@ func (p *Publisher) settle(st *fileState, it *item) {
 	p.release(released)
 }
 
-// fail marks st for reconciliation and starts it unless it is running.
-func (p *Publisher) fail(st *fileState, err error) {
+// fail marks st for reconciliation and starts it unless it is running. A refusal for
+// lack of room in the cluster (sent in epoch) is back-pressure: counted by reason, never
+// quarantined, and held at the gate with every other publish of the host.
+func (p *Publisher) fail(st *fileState, err error, epoch uint64) {
 	p.m.failures.WithLabelValues(failureReason(err)).Inc()
+	reason := clusterPressure(err, p.connected())
+	if reason != "" {
+		p.m.throttled.WithLabelValues(reason).Inc()
+		if hostWide(reason) {
+			p.gate.refused(reason, err, epoch)
+		}
+	}
 	st.mu.Lock()
 	st.failed = true
+	st.pressured = hostWide(reason)
 	start := st.resyncing == nil
 	if start {
 		st.resyncing = make(chan struct{})
@@ -367,6 +384,13 @@ func (p *Publisher) fail(st *fileState, err error) {
 		p.wg.Add(1)
 		go p.reconcile(st, err)
 	}
+}
+
+// connected reports whether the connection to NATS is up (a timeout then means a slow
+// acknowledgement, not an outage).
+func (p *Publisher) connected() bool {
+	nc := p.opts.JS.Conn()
+	return nc != nil && nc.IsConnected()
 }
 
 func failureReason(err error) string {
@@ -402,6 +426,10 @@ func (p *Publisher) waitResync(ctx context.Context, st *fileState) error {
 	}
 }
 
+// gatePoll is how often a file held at the gate looks again whether its lines in flight
+// are resolved (the gate itself is waited on without polling).
+const gatePoll = 20 * time.Millisecond
+
 // reconcile waits until none of st's publishes is in flight, asks the mirror which of
 // the unresolved lines it holds (a timeout means "possibly stored"), and resends the rest
 // with their original message ids, with exponential backoff and jitter between attempts.
@@ -412,28 +440,37 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 	// until an acknowledgement resets it.
 	st.mu.Lock()
 	if st.retry == nil {
-		bo := backoff.NewExponentialBackOff()
-		bo.InitialInterval = 200 * time.Millisecond
-		bo.MaxInterval = p.opts.RetryMax
-		bo.MaxElapsedTime = 0
-		st.retry = bo
+		st.retry = newRetryBackoff(p.opts.RetryMax)
 	}
 	bo := st.retry
+	pressured := st.pressured
 	st.mu.Unlock()
-	next := func() time.Duration {
+	// next is the pause before the next attempt, and whether the gate decides it: a
+	// file refused for lack of room in the cluster waits with the whole host, and goes
+	// as soon as the cluster takes lines again, not after its own grown backoff.
+	next := func() (time.Duration, bool) {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return bo.NextBackOff()
+		if st.pressured {
+			return gatePoll, true
+		}
+		return bo.next(), false
 	}
 	failed := lograte.Run{Every: 20}
 	log := p.log.With(zap.String("path", st.file.Path))
-	log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
+	if pressured {
+		// The gate reports the cluster's refusal once for the host, not once per file.
+		log.Debug("publish refused for lack of room in the cluster; resent when it has room", zap.Error(cause))
+	} else {
+		log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
+	}
 	for {
+		pause, atGate := next()
 		select {
 		case <-p.runCtx.Done():
 			p.endResync(st)
 			return
-		case <-time.After(next()):
+		case <-time.After(pause):
 		}
 		st.mu.Lock()
 		busy := false
@@ -443,6 +480,14 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		st.mu.Unlock()
 		if busy {
 			continue
+		}
+		// Past the gate only once nothing of the file is in flight, so that a probe's
+		// turn is not spent on a file that cannot resend yet.
+		if atGate {
+			if err := p.gate.wait(p.runCtx, p.closing); err != nil {
+				p.endResync(st)
+				return
+			}
 		}
 		err := p.resendUnheld(st)
 		if err == nil {
@@ -454,6 +499,11 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		if n, ok := failed.Hit(); ok {
 			log.Warn("still unable to publish", zap.Int64("attempts", n), zap.Error(err))
 		}
+		// The mirror did not answer: the file's own backoff paces the next question,
+		// whether or not the gate is open.
+		st.mu.Lock()
+		st.pressured = false
+		st.mu.Unlock()
 	}
 }
 

@@ -27,6 +27,9 @@ type Metrics struct {
 	clashes      prometheus.Counter
 	repeatedIDs  prometheus.Counter
 	quarantined  *prometheus.CounterVec
+	throttled    *prometheus.CounterVec // publishes refused for lack of room in the cluster, by reason
+	backpressure *prometheus.GaugeVec   // 1 for the reason the cluster holds publishing back
+	probePause   prometheus.Gauge       // the pause between probes while the cluster pushes back
 	headUpdates  *prometheus.CounterVec
 	resumeQuery  *prometheus.CounterVec
 	state        *stateCollector
@@ -109,6 +112,18 @@ func NewMetrics() *Metrics {
 			Name: "pisync_lines_quarantined_total",
 			Help: "Lines the server refused for good (also the blob way), passed over unmirrored and listed on the status page, by reason.",
 		}, []string{"reason"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_publish_throttled_total",
+			Help: "Publishes the cluster refused for lack of room (stream or account limits, insufficient resources) or acknowledged later than the ack timeout, by reason: resent with the same message id, never quarantined.",
+		}, []string{"reason"}),
+		backpressure: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pisync_cluster_backpressure",
+			Help: "1 while the cluster holds this host's publishing back, for the reason it gives (max_bytes, max_msgs, account_limit, insufficient_resources, slow_acks); 0 otherwise.",
+		}, []string{"reason"}),
+		probePause: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_backpressure_pause_seconds",
+			Help: "Pause between probes of the cluster while it pushes back, growing while they are refused (0 when publishing flows).",
+		}),
 		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_head_updates_total",
 			Help: "Writes to the heads bucket, by result (ok, error).",
@@ -138,6 +153,12 @@ func NewMetrics() *Metrics {
 	for _, reason := range []string{"max_payload", "too_large", "headers_too_large", "invalid", "blob"} {
 		m.quarantined.WithLabelValues(reason)
 	}
+	for _, reason := range pressureReasons {
+		m.throttled.WithLabelValues(reason)
+		if hostWide(reason) {
+			m.backpressure.WithLabelValues(reason)
+		}
+	}
 	return m
 }
 
@@ -146,7 +167,7 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
 		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.quarantined, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
 		m.inflight, m.inflightB, m.lastAckUnix}
 	if m.state == nil {
 		m.state = &stateCollector{}

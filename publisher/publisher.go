@@ -71,6 +71,7 @@ type Publisher struct {
 	closing chan struct{}
 
 	quarantined quarantineList
+	gate        *gate // holds publishing back while the cluster has no room
 
 	commitFailures lograte.Run // consecutive, for rate-limited logging
 	headFailures   lograte.Run
@@ -144,6 +145,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		byConv:  map[string]watcher.FileID{},
 		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
+		gate: newGate(opts.Metrics, opts.Logger, opts.RetryMax),
 	}
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}

@@ -67,6 +67,10 @@ const (
 	jsHeaderTooLarge  = 10097 // JSStreamHeaderExceedsMaximumErr
 )
 
+// storeTooLarge is the store's refusal of one message above its own size limit
+// (JSStreamStoreFailedF, whose other descriptions are limits of the whole stream).
+const storeTooLarge = "message too large"
+
 // permanentFailure names the reason when err is a refusal that a retry cannot cure,
 // "" otherwise.
 func permanentFailure(err error) string {
@@ -74,7 +78,8 @@ func permanentFailure(err error) string {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		return "max_payload"
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsMessageTooLarge:
+	case errors.As(err, &apiErr) && (apiErr.ErrorCode == jsMessageTooLarge ||
+		apiErr.ErrorCode == jsStoreFailed && apiErr.Description == storeTooLarge):
 		return "too_large"
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsHeaderTooLarge:
 		return "headers_too_large"
@@ -112,7 +117,7 @@ func (p *Publisher) refused(ctx context.Context, st *fileState, it *item, cause 
 		st.mu.Lock()
 		it.reblob, it.inFlight = false, false
 		st.mu.Unlock()
-		p.fail(st, err)
+		p.fail(st, err, p.gate.current())
 		return
 	}
 	if uploaded {

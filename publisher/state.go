@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 
 	"github.com/pisync/pisync/checkpoint"
@@ -40,11 +39,12 @@ type fileState struct {
 	queue []*item            // lines read past the frontier, in file order, not yet resolved
 	held  map[int64]heldLine // what the mirror already holds past the frontier (resume protocol)
 
-	failed    bool            // a publish failed: queue must be reconciled with the mirror
-	retry     backoff.BackOff // pauses between reconciliations, reset by an acknowledgement
-	resyncing chan struct{}   // closed when a running reconciliation ends
-	torn      int64           // bytes of a torn tail held by the watcher
-	seenEnd   int64           // end of the last line read
+	failed    bool          // a publish failed: queue must be reconciled with the mirror
+	pressured bool          // it failed for lack of room in the cluster: retried at the gate
+	retry     *retryBackoff // pauses between reconciliations, reset by an acknowledgement
+	resyncing chan struct{} // closed when a running reconciliation ends
+	torn      int64         // bytes of a torn tail held by the watcher
+	seenEnd   int64         // end of the last line read
 	cpDirty   bool
 	headDirty bool
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
