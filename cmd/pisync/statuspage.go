@@ -33,6 +33,7 @@ type statusDoc struct {
 	RecentErrors []recentEntry           `json:"recent_errors"`       // newest first, at most recentLogSize
 	ErrorsTotal  uint64                  `json:"recent_errors_total"` // warnings and errors logged since start
 	Quarantined  []publisher.Quarantined `json:"quarantined"`         // lines the server refused for good, newest first
+	Backpressure publisher.Backpressure  `json:"backpressure"`        // the cluster holding publishing back for lack of room
 	Time         time.Time               `json:"time"`
 }
 
@@ -143,6 +144,7 @@ func (d *daemon) status() statusDoc {
 	doc.Quarantined = []publisher.Quarantined{}
 	if d.up.Load() {
 		doc.Quarantined = d.pub.Quarantined()
+		doc.Backpressure = d.pub.Backpressure()
 	}
 	return doc
 }
