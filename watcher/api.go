@@ -172,9 +172,18 @@ type Options struct {
 	// RootPollInterval is how often a root that does not exist (yet, or any more) is
 	// checked for (default 1s).
 	RootPollInterval time.Duration
-	// FallbackPollInterval is how often a root is rescanned when the kernel refused
-	// watches for it (ENOSPC from inotify limits) (default 10s).
+	// FallbackPollInterval is how often a root is rescanned when some of its
+	// directories have no watch: over WatchBudget, or refused by the kernel (default 10s).
 	FallbackPollInterval time.Duration
+	// WatchBudget is the most watch resources the watcher holds: with kqueue (macOS,
+	// BSD) one descriptor per watched directory and per entry in it, with inotify
+	// (Linux) one watch per directory. Directories past it are polled. 0 = the
+	// platform's default: three quarters of RLIMIT_NOFILE with kqueue, half of
+	// fs.inotify.max_user_watches on Linux, none elsewhere; negative = none. Whatever
+	// the budget, a watch the kernel refuses lowers it to what is held.
+	WatchBudget int
+
+	countEntries bool // tests: count every entry of a watched directory, as kqueue does
 }
 
 // Defaults applied by New to zero fields of Options (DefaultRescanInterval excepted:
@@ -283,6 +292,10 @@ type Stats struct {
 	WaitingRoots int   // roots that do not exist and are polled for
 	PollingRoots int   // roots rescanned periodically because watches were refused
 	TornTails    int   // files holding a torn tail
+	Watches      int   // watch resources held (see Options.WatchBudget)
+	WatchBudget  int   // the most that may be held (0 = no budget)
+	PolledDirs   int   // directories without a watch: over the budget or refused by the kernel
+	PolledFiles  int   // session files in them, whose changes are found by polling
 	BytesRead    int64 // bytes read from session files
 	Lines        int64 // lines accepted by the sink
 	Events       int64 // file-system events received

@@ -39,11 +39,12 @@ type freshEntry struct {
 }
 
 // listDir touches the session files of dir and returns its subdirectories, in name
-// order as os.ReadDir would (new files are queued in that order).
-func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]string, error) {
+// order as os.ReadDir would (new files are queued in that order), and how many entries
+// it has (for the watch budget).
+func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) (subdirs []string, entries int, err error) {
 	fd, err := openDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer unix.Close(fd)
 	sc := dirScratchPool.Get().(*dirScratch)
@@ -55,13 +56,12 @@ func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]stri
 	base := len(path)
 	defer func() { sc.path = path[:0] }()
 
-	var subdirs []string
 	var fresh []freshEntry
 	buf := sc.dirents[:]
 	for {
 		n, err := getdents(fd, buf)
 		if err != nil {
-			return nil, &os.PathError{Op: "getdents", Path: dir, Err: err}
+			return nil, 0, &os.PathError{Op: "getdents", Path: dir, Err: err}
 		}
 		if n <= 0 {
 			break
@@ -84,6 +84,7 @@ func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]stri
 			if ino == 0 || len(name) == 0 || string(name) == "." || string(name) == ".." {
 				continue
 			}
+			entries++
 			path = append(path[:base], name...)
 			var st unix.Stat_t
 			if typ == unix.DT_UNKNOWN {
@@ -119,7 +120,7 @@ func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]stri
 		w.touchLocked(r, fresh[i].name, &fresh[i].snap, gen, initial)
 		w.mu.Unlock()
 	}
-	return subdirs, nil
+	return subdirs, entries, nil
 }
 
 func openDir(dir string) (int, error) {

@@ -7,13 +7,13 @@ import (
 	"path/filepath"
 )
 
-// listDir touches the session files of dir and returns its subdirectories.
-func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]string, error) {
+// listDir touches the session files of dir and returns its subdirectories, and how many
+// entries it has (for the watch budget).
+func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) (subdirs []string, n int, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var subdirs []string
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		switch typ := e.Type(); {
@@ -30,5 +30,5 @@ func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) ([]stri
 			w.mu.Unlock()
 		}
 	}
-	return subdirs, nil
+	return subdirs, len(entries), nil
 }

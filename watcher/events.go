@@ -94,6 +94,10 @@ func (w *Watcher) handleEvent(ctx context.Context, ev fsnotify.Event) {
 		w.pathGone(path)
 	}
 	if ev.Has(fsnotify.Create) {
+		w.mu.Lock()
+		shed := w.entryChangedLocked(path, +1)
+		w.mu.Unlock()
+		w.removeWatches(shed)
 		if fi, err := os.Lstat(path); err == nil {
 			switch {
 			case fi.IsDir():
@@ -122,9 +126,9 @@ func (w *Watcher) handleEvent(ctx context.Context, ev fsnotify.Event) {
 // name gets new ones on its Create), a file is looked at.
 func (w *Watcher) pathGone(path string) {
 	w.mu.Lock()
-	var stale []string
+	stale := w.entryChangedLocked(path, -1)
 	if w.dirs[path] != nil {
-		stale = w.forgetDirsLocked(path)
+		stale = append(stale, w.forgetDirsLocked(path)...)
 	}
 	if s := w.files[path]; s != nil {
 		w.scheduleLocked(s)
@@ -146,7 +150,21 @@ func (w *Watcher) handleError(err error) {
 		kick(w.scanKick)
 		return
 	}
-	w.countError(reasonWatch)
+	if isWatchLimit(err) {
+		// kqueue could not watch an entry created in a watched directory: the
+		// descriptors ran out despite the budget. A rescan finds what it missed.
+		w.countError(reasonWatchLimit)
+		w.mu.Lock()
+		for _, r := range w.roots {
+			if r.active {
+				r.want = rescanPoll
+			}
+		}
+		w.mu.Unlock()
+		kick(w.scanKick)
+	} else {
+		w.countError(reasonWatch)
+	}
 	if n, log := w.sourceErrs.Hit(); log {
 		w.log.Warn("event source error", zap.Int64("count", n), zap.Error(err))
 	}

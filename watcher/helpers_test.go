@@ -203,6 +203,7 @@ type harness struct {
 	w    *Watcher
 	sink *recSink
 	logs *observer.ObservedLogs
+	stop func() // stops the watcher and waits for Run (also done when the test ends)
 }
 
 // start runs a watcher over roots until the test ends, with short intervals.
@@ -232,19 +233,25 @@ func start(t *testing.T, sink *recSink, roots []string, mod func(*Options)) *har
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("Run did not return after cancel")
 			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("Run did not return after cancel")
-		}
+		})
+	}
+	t.Cleanup(func() {
+		stop()
 		sink.check(t)
 	})
-	return &harness{w: w, sink: sink, logs: logs}
+	return &harness{w: w, sink: sink, logs: logs, stop: stop}
 }
 
 func (h *harness) ready(t *testing.T) {

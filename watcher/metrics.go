@@ -20,6 +20,10 @@ type Metrics struct {
 	torn         prometheus.Gauge
 	pollingRoots prometheus.Gauge
 	waitingRoots prometheus.Gauge
+	watches      prometheus.Gauge
+	watchBudget  prometheus.Gauge
+	polledDirs   prometheus.Gauge
+	polledFiles  prometheus.Gauge
 }
 
 // File states of the files{state} gauge.
@@ -37,7 +41,7 @@ const (
 	reasonSinkLine   = "sink_line"   // Sink.Line failed
 	reasonBadStart   = "bad_start"   // Sink.Open returned a Start that does not fit the file
 	reasonWatch      = "watch"       // adding a watch failed, or the event source reported an error
-	reasonWatchLimit = "watch_limit" // adding a watch failed with ENOSPC: the root is polled
+	reasonWatchLimit = "watch_limit" // the kernel refused a watch (ENOSPC, EMFILE, ENFILE): the directory is polled
 	reasonReadDir    = "readdir"     // listing a directory failed
 )
 
@@ -82,7 +86,23 @@ func NewMetrics() *Metrics {
 		}),
 		pollingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_polling_roots",
-			Help: "Roots rescanned periodically because the kernel refused more watches.",
+			Help: "Roots rescanned every poll interval because some of their directories have no watch (over the watch budget, or refused by the kernel).",
+		}),
+		watches: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_watches",
+			Help: "Watch resources held: with kqueue (macOS, BSD) one descriptor per watched directory and per entry in it, with inotify (Linux) one watch per directory.",
+		}),
+		watchBudget: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_watch_budget",
+			Help: "The most watch resources the watcher holds (from RLIMIT_NOFILE with kqueue, fs.inotify.max_user_watches on Linux, lowered when the kernel refuses one); 0 = no budget.",
+		}),
+		polledDirs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_polled_directories",
+			Help: "Directories without a watch (over the watch budget, or refused by the kernel), whose changes are found by polling rescans.",
+		}),
+		polledFiles: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_watcher_polled_files",
+			Help: "Session files in polled directories: their new lines are found by the next poll (FallbackPollInterval) rather than by an event.",
 		}),
 		waitingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_waiting_roots",
@@ -110,7 +130,8 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.events, m.overflows, m.rescans, m.dirs, m.files,
-		m.readBytes, m.lines, m.errors, m.torn, m.pollingRoots, m.waitingRoots} {
+		m.readBytes, m.lines, m.errors, m.torn, m.pollingRoots, m.waitingRoots,
+		m.watches, m.watchBudget, m.polledDirs, m.polledFiles} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

@@ -23,7 +23,7 @@ type root struct {
 
 	// Guarded by Watcher.mu.
 	active        bool      // exists and is watched and scanned
-	polling       bool      // some directory could not be watched: rescanned every FallbackPollInterval
+	polling       bool      // some directory has no watch (budget, kernel refusal): rescanned every FallbackPollInterval
 	want          string    // rescan asked for by the event loop ("" = none)
 	nextPoll      time.Time // next polling rescan
 	missingLogged bool
@@ -169,8 +169,9 @@ func (w *Watcher) setPollingLocked(r *root, on bool) {
 	if on {
 		r.nextPoll = time.Now().Add(w.opts.FallbackPollInterval)
 		kick(w.scanKick) // the scanner may be asleep for longer than that
-		w.log.Warn("cannot watch every directory (inotify watch limit, see fs.inotify.max_user_watches, or no event source); polling the root",
-			zap.String("root", r.path), zap.Duration("interval", w.opts.FallbackPollInterval))
+		w.log.Warn("cannot watch every directory (over the watch budget, refused by the kernel, or no event source); polling the root",
+			zap.String("root", r.path), zap.Duration("interval", w.opts.FallbackPollInterval),
+			zap.Int("watches", w.budget.used), zap.Int("watch_budget", w.budget.limit))
 	} else {
 		w.log.Info("every directory is watched again; polling stopped", zap.String("root", r.path))
 	}

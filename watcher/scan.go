@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,9 +15,11 @@ type dirState struct {
 	root *root
 	id   FileID
 	gen  uint64 // scan generation that last saw it
+	cost int    // watch resources it holds (see budget)
 }
 
-// errWatchLimit means the kernel refused a watch for lack of resources (ENOSPC).
+// errWatchLimit means the directory has no watch for lack of resources: it does not fit
+// in the budget, or the kernel refused it (ENOSPC, EMFILE, ENFILE). It is polled.
 var errWatchLimit = errors.New("watch limit reached")
 
 // rescan walks all of r: watches directories that lack a watch, and looks at every
@@ -52,6 +53,11 @@ func (w *Watcher) rescan(ctx context.Context, r *root, reason string, initial bo
 			candidates = append(candidates, d)
 		}
 	}
+	for d, p := range w.polled {
+		if p.root == r && p.gen != gen {
+			delete(w.polled, d) // gone, or watched meanwhile
+		}
+	}
 	w.mu.Unlock()
 	// A directory not met may have been added by the event loop behind the walk.
 	for _, d := range candidates {
@@ -70,6 +76,7 @@ func (w *Watcher) rescan(ctx context.Context, r *root, reason string, initial bo
 	if r.polling {
 		r.nextPoll = time.Now().Add(w.opts.FallbackPollInterval)
 	}
+	w.updateWatchGaugesLocked()
 	files := 0
 	for _, s := range w.files {
 		if s.root == r {
@@ -109,19 +116,27 @@ func (w *Watcher) walk(ctx context.Context, r *root, dir string, gen uint64, ini
 		if errors.Is(w.watchDir(r, d, FileIDOf(fi), gen), errWatchLimit) {
 			limited = true
 		}
-		subdirs, err := w.listDir(r, d, gen, initial)
+		subdirs, entries, err := w.listDir(r, d, gen, initial)
 		if err != nil {
 			if !isGone(err) {
 				w.warnDir(d, reasonReadDir, "cannot list directory", err)
 			}
 			continue
 		}
+		if w.budget.perEntry > 0 {
+			w.mu.Lock()
+			shed := w.resyncCostLocked(d, entries)
+			w.mu.Unlock()
+			limited = limited || shed != nil
+			w.removeWatches(shed)
+		}
 		stack = append(stack, subdirs...)
 	}
 	return limited, true
 }
 
-// watchDir adds a watch for dir unless it has one.
+// watchDir adds a watch for dir unless it has one, if it fits in the budget; a
+// directory left without one is polled (errWatchLimit).
 func (w *Watcher) watchDir(r *root, dir string, id FileID, gen uint64) error {
 	w.mu.Lock()
 	if ds := w.dirs[dir]; ds != nil && ds.id == id {
@@ -142,20 +157,43 @@ func (w *Watcher) watchDir(r *root, dir string, id FileID, gen uint64) error {
 	w.mu.Unlock()
 	w.removeWatches(stale)
 
+	entries := w.budget.entriesOf(dir) // perEntry does not change after New
+	w.mu.Lock()
+	cost := w.budget.cost(entries)
+	if !w.budget.fits(cost) {
+		w.setPolledLocked(r, dir, gen, true)
+		w.mu.Unlock()
+		return errWatchLimit
+	}
+	w.budget.used += cost // held from now: a concurrent walk must not count it free
+	w.mu.Unlock()
+
 	err := w.src.Add(dir)
+	if err != nil && isWatchLimit(err) {
+		// kqueue may hold part of it (the directory and the entries opened before the
+		// refusal): release that before counting it free.
+		_ = w.src.Remove(dir)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	switch {
-	case err == nil:
-		w.dirs[dir] = &dirState{root: r, id: id, gen: gen}
+	if err == nil {
+		if old := w.dirs[dir]; old != nil {
+			w.budget.used -= old.cost // added twice at once (event loop and scan): one watch
+		}
+		w.dirs[dir] = &dirState{root: r, id: id, gen: gen, cost: cost}
 		if id != (FileID{}) {
 			w.dirsByID[id] = dir
 		}
+		w.setPolledLocked(r, dir, gen, false)
 		w.m.dirs.Set(float64(len(w.dirs)))
+		w.m.watches.Set(float64(w.budget.used))
 		return nil
-	case errors.Is(err, syscall.ENOSPC):
-		w.countError(reasonWatchLimit)
-		w.setPollingLocked(r, true)
+	}
+	w.budget.used -= cost
+	switch {
+	case isWatchLimit(err):
+		w.refusedLocked(dir, err)
+		w.setPolledLocked(r, dir, gen, true)
 		return errWatchLimit
 	case isGone(err):
 		return nil
@@ -179,7 +217,13 @@ func (w *Watcher) forgetDirsLocked(dir string) []string {
 			if w.dirsByID[ds.id] == d {
 				delete(w.dirsByID, ds.id)
 			}
+			w.budget.used -= ds.cost
 			out = append(out, d)
+		}
+	}
+	for d := range w.polled {
+		if within(d, dir) {
+			delete(w.polled, d)
 		}
 	}
 	for d, files := range w.byDir {
@@ -189,7 +233,7 @@ func (w *Watcher) forgetDirsLocked(dir string) []string {
 			}
 		}
 	}
-	w.m.dirs.Set(float64(len(w.dirs)))
+	w.updateWatchGaugesLocked()
 	return out
 }
 

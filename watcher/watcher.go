@@ -37,6 +37,8 @@ type Watcher struct {
 	aliases   map[FileID]map[*fileState]struct{} // waiting second names of a tailed inode
 	dirs      map[string]*dirState
 	dirsByID  map[FileID]string
+	polled    map[string]*polledDir // directories without a watch (see budget)
+	budget    budget
 	warned    map[string]bool // directories already logged as unreadable or unwatchable
 	states    map[string]int  // files by state
 	torn      int
@@ -72,6 +74,8 @@ func New(opts Options) (*Watcher, error) {
 		aliases:    map[FileID]map[*fileState]struct{}{},
 		dirs:       map[string]*dirState{},
 		dirsByID:   map[FileID]string{},
+		polled:     map[string]*polledDir{},
+		budget:     newBudget(opts),
 		warned:     map[string]bool{},
 		states:     map[string]int{},
 	}
@@ -113,7 +117,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 	wg.Go(func() { w.eventLoop(ctx) })
 	wg.Go(func() { w.clockLoop(ctx) })
 	wg.Go(func() { w.scanLoop(ctx) })
-	w.log.Info("watching", zap.Strings("roots", w.opts.Roots), zap.Int("workers", w.opts.Workers))
+	w.mu.Lock()
+	limit, source := w.budget.limit, w.budget.source
+	w.mu.Unlock()
+	if limit == noBudget {
+		limit, source = 0, "none"
+	}
+	w.m.watchBudget.Set(float64(limit))
+	w.log.Info("watching", zap.Strings("roots", w.opts.Roots), zap.Int("workers", w.opts.Workers),
+		zap.Int("watch_budget", limit), zap.String("watch_budget_source", source))
 
 	<-ctx.Done()
 	w.mu.Lock()
@@ -131,12 +143,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) Stats() Stats {
 	w.mu.Lock()
 	st := Stats{
-		Files:     w.states[statePending] + w.states[stateTailing] + w.states[stateSkipped],
-		Pending:   w.states[statePending],
-		Tailing:   w.states[stateTailing],
-		Skipped:   w.states[stateSkipped],
-		Dirs:      len(w.dirs),
-		TornTails: w.torn,
+		Files:      w.states[statePending] + w.states[stateTailing] + w.states[stateSkipped],
+		Pending:    w.states[statePending],
+		Tailing:    w.states[stateTailing],
+		Skipped:    w.states[stateSkipped],
+		Dirs:       len(w.dirs),
+		TornTails:  w.torn,
+		Watches:    w.budget.used,
+		PolledDirs: len(w.polled),
+	}
+	if w.budget.limit != noBudget {
+		st.WatchBudget = w.budget.limit
+	}
+	for d := range w.polled {
+		st.PolledFiles += len(w.byDir[d])
 	}
 	for _, r := range w.roots {
 		if !r.active {

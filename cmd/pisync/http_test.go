@@ -285,6 +285,10 @@ func TestHTTPStatusKnownWorkload(t *testing.T) {
 		!doc.Verification.Enabled || doc.Verification.LastPass == nil {
 		t.Fatalf("status: %+v", doc)
 	}
+	// Two directories (the root and notes/), watched within the budget, nothing polled.
+	if w := doc.Watch; w.Watches < 2 || (w.Budget != 0 && w.Watches > w.Budget) || w.PolledDirs != 0 || w.PolledFiles != 0 || w.PollIntervalSeconds <= 0 {
+		t.Fatalf("watch: %+v", w)
+	}
 
 	// The numbers people read, as the page writes them.
 	wantText := []string{
@@ -293,7 +297,7 @@ func TestHTTPStatusKnownWorkload(t *testing.T) {
 		"6 of 6 sessions · 100%",
 		"Torn tails 1 · " + humanBytes(want.TornBytes),
 		"Deleted locally 1", "Skipped (not sessions) 1", "Pending 0 sessions", "Backlog 0 B", "Lag none",
-		"6 identical · 0 drifted · 0 failed",
+		"6 identical · 0 drifted · 0 failed", "Watching every directory",
 		// The skipped file was logged as a warning.
 		"warn publisher skipping a .jsonl that is not a Pi session", "Logged since the daemon started:",
 	}

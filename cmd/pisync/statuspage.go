@@ -14,6 +14,7 @@ import (
 
 	"github.com/pisync/pisync/publisher"
 	"github.com/pisync/pisync/redact"
+	"github.com/pisync/pisync/watcher"
 )
 
 // statusDoc is what /status.json and the status page show.
@@ -30,6 +31,7 @@ type statusDoc struct {
 	InFlight     int                     `json:"in_flight"`
 	LagSeconds   float64                 `json:"lag_seconds"` // age of the oldest line read and not acknowledged
 	Verification verifyStatus            `json:"verification"`
+	Watch        watchStatus             `json:"watch"`
 	RecentErrors []recentEntry           `json:"recent_errors"`       // newest first, at most recentLogSize
 	ErrorsTotal  uint64                  `json:"recent_errors_total"` // warnings and errors logged since start
 	Quarantined  []publisher.Quarantined `json:"quarantined"`         // lines the server refused for good, newest first
@@ -64,7 +66,20 @@ type rootState struct {
 	Percent        float64        `json:"percent"`         // mirrored bytes / bytes
 	SessionPercent float64        `json:"session_percent"` // mirrored sessions / sessions
 	LagSeconds     float64        `json:"lag_seconds"`
-	Verified       verifiedCounts `json:"verified"` // in the last background verification pass
+	Verified       verifiedCounts `json:"verified"`           // in the last background verification pass
+	PolledDirs     int            `json:"polled_directories"` // directories without a watch, polled
+	PolledFiles    int            `json:"polled_sessions"`    // sessions in them
+}
+
+// watchStatus is how the watcher follows the roots: kernel watches within a budget,
+// and polling for what does not fit (the pisync_watcher_watches, _watch_budget and
+// _polled_* metrics).
+type watchStatus struct {
+	Watches             int     `json:"watches"`
+	Budget              int     `json:"budget"` // 0 = none
+	PolledDirs          int     `json:"polled_directories"`
+	PolledFiles         int     `json:"polled_sessions"`
+	PollIntervalSeconds float64 `json:"poll_interval_seconds"`
 }
 
 type verifiedCounts struct {
@@ -97,6 +112,14 @@ func (d *daemon) status() statusDoc {
 	}
 	verified, ver := d.verification()
 	doc.Verification = ver
+	var polled map[string]watcher.Polled
+	doc.Watch.PollIntervalSeconds = watcher.DefaultFallbackPollInterval.Seconds()
+	if d.up.Load() {
+		st := d.watch.Stats()
+		doc.Watch.Watches, doc.Watch.Budget = st.Watches, st.WatchBudget
+		doc.Watch.PolledDirs, doc.Watch.PolledFiles = st.PolledDirs, st.PolledFiles
+		polled = d.watch.PolledByRoot()
+	}
 
 	doc.Roots = map[string]*rootState{}
 	for _, root := range d.f.roots.get() {
@@ -120,6 +143,7 @@ func (d *daemon) status() statusDoc {
 			rs.LagSeconds = now.Sub(o).Seconds()
 		}
 		rs.Verified = verified[rs.Root]
+		rs.PolledDirs, rs.PolledFiles = polled[rs.Root].Dirs, polled[rs.Root].Files
 		rs.percents()
 		t.Sessions += rs.Sessions
 		t.Mirrored += rs.Mirrored
