@@ -84,8 +84,8 @@ type daemonProc struct {
 	waitErr error
 }
 
-// startDaemon runs `pisync run` on root against the NATS server at url, with its state
-// in a fresh directory; extra flags are appended.
+// startDaemon runs `pisync run` on root against the NATS server at url ("": its
+// embedded server), with its state in a fresh directory; extra flags are appended.
 func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 	tb.Helper()
 	bin := pisyncBinary(tb)
@@ -96,9 +96,15 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	args := append([]string{"run", "--nats", url, "--root", root, "--state-dir", filepath.Join(dir, "state"),
+	// Without a URL the daemon runs its default, the embedded server, on a free port.
+	natsFlag := []string{"--nats", url}
+	if url == "" {
+		natsFlag = []string{"--nats-listen", fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(tb))}
+	}
+	args := append(append([]string{"run"}, natsFlag...), "--root", root, "--state-dir", filepath.Join(dir, "state"),
 		"--http-addr", d.addr, "--tenant", benchTenant, "--owner", benchOwner, "--host", benchHost,
-		"--log-level", "warn"}, extra...)
+		"--log-level", "warn")
+	args = append(args, extra...)
 	if *flagProfileDir != "" {
 		args = append(args, "--pprof")
 	}
@@ -344,4 +350,20 @@ func (d *daemonProc) profile(tb testing.TB, name string, dur time.Duration) func
 		}
 	}()
 	return func() { <-done }
+}
+
+// heapProfile writes the daemon's heap profile (live objects at the last collection)
+// into -cpuprofile-dir as name-<run>.heap, when that is set.
+func (d *daemonProc) heapProfile(tb testing.TB, name string) {
+	tb.Helper()
+	if *flagProfileDir == "" {
+		return
+	}
+	b, err := d.get("/debug/pprof/heap?gc=1")
+	if err == nil {
+		err = os.WriteFile(strings.TrimSuffix(profilePath(tb, name), ".cpu")+".heap", b, 0o644)
+	}
+	if err != nil {
+		tb.Logf("daemon heap profile %s: %v", name, err)
+	}
 }

@@ -21,19 +21,22 @@ import (
 // (the first at 1,000 files a second): the steady state of a verified host.
 func BenchmarkIdle(b *testing.B) {
 	for _, v := range []struct {
-		name   string
-		passes int // verification passes completed before the window
-		flags  []string
+		name     string
+		passes   int  // verification passes completed before the window
+		embedded bool // the daemon's embedded server instead of one in this process
+		flags    []string
 	}{
-		{"defaults", 0, nil},
-		{"first-verification", 0, []string{"--verify-interval", "15s"}},
-		{"verified", 2, []string{"--verify-interval", "15s", "--verify-rate", "1000"}},
+		{"defaults", 0, false, nil},
+		{"embedded", 0, true, nil},
+		{"first-verification", 0, false, []string{"--verify-interval", "15s"}},
+		{"verified", 2, false, []string{"--verify-interval", "15s", "--verify-rate", "1000"}},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			for range b.N {
-				r := runIdle(b, *flagIdleFiles, *flagScaleEntries, *flagIdleDur, v.passes, v.flags...)
+				r := runIdle(b, *flagIdleFiles, *flagScaleEntries, *flagIdleDur, v.passes, v.embedded, v.flags...)
 				b.ReportMetric(r.cpuPercent, "cpu-%")
 				b.ReportMetric(mb(r.idleRSS), "rss-MB")
+				b.ReportMetric(mb(r.heap), "heap-MB")
 				b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
 				b.ReportMetric(r.backfill.Seconds(), "backfill-s")
 				b.ReportMetric(float64(r.files), "files")
@@ -49,25 +52,31 @@ type idleResult struct {
 	cpuPercent float64
 	idleRSS    int64 // highest VmRSS sampled while idle
 	peakRSS    int64 // VmHWM at the end
+	heap       int64 // Go heap in use at the end (spans holding objects)
 	others     float64
 }
 
-func runIdle(tb testing.TB, files, entries int, dur time.Duration, passes int, flags ...string) idleResult {
+func runIdle(tb testing.TB, files, entries int, dur time.Duration, passes int, embedded bool, flags ...string) idleResult {
 	tb.Helper()
 	w := getWorkload(tb, filesSpec(files, entries))
 	pisyncBinary(tb) // built before the clock starts
-	t := newTarget(tb, 1)
-	defer t.close()
+	url := ""
+	if !embedded {
+		t := newTarget(tb, 1)
+		defer t.close()
+		url = t.url
+	}
 	settle()
 	start := time.Now()
-	d := startDaemon(tb, t.url, w.root, flags...)
+	d := startDaemon(tb, url, w.root, flags...)
 	run := d.waitMirrored(tb, start, files, w.bytes, time.Hour)
 	if passes > 0 {
 		d.waitVerified(tb, passes, files, 10*time.Minute)
 	}
 	// The back-fill's aftermath settles first: heads and checkpoints written (within a
-	// second), the heap collected and returned.
-	time.Sleep(min(10*time.Second, dur))
+	// second), the heap collected and returned (once the daemon has been quiet for 12 s,
+	// over three collections 2 s apart: cmd/pisync/memory.go).
+	time.Sleep(min(30*time.Second, dur))
 	s0 := d.stat(tb)
 	load := startLoad()
 	waitProfile := d.profile(tb, "idle-"+profileName(flags), dur)
@@ -82,6 +91,10 @@ func runIdle(tb testing.TB, files, entries int, dur time.Duration, passes int, f
 	r.others = load.othersPercent(s1.cpu - s0.cpu)
 	r.cpuPercent = 100 * (s1.cpu - s0.cpu).Seconds() / time.Since(t0).Seconds()
 	r.peakRSS = s1.hwm
+	if m, err := d.metrics(map[string]string{"go_memstats_heap_inuse_bytes": ""}); err == nil {
+		r.heap = int64(m["go_memstats_heap_inuse_bytes"])
+	}
+	d.heapProfile(tb, "idle-heap-"+profileName(flags))
 	d.stop(tb)
 	return r
 }

@@ -35,11 +35,11 @@ func TestSmoke(t *testing.T) {
 		runRecovery(t, fx, false, 4)
 	})
 	t.Run("daemon", func(t *testing.T) {
-		r := runIdle(t, 20, 2, time.Second, 0)
+		r := runIdle(t, 20, 2, time.Second, 0, false)
 		if r.idleRSS <= 0 || r.peakRSS <= 0 {
 			t.Fatalf("%+v", r)
 		}
-		if r := runIdle(t, 20, 2, time.Second, 2, "--verify-interval", "500ms", "--verify-rate", "1000"); r.idleRSS <= 0 {
+		if r := runIdle(t, 20, 2, time.Second, 2, false, "--verify-interval", "500ms", "--verify-rate", "1000"); r.idleRSS <= 0 {
 			t.Fatalf("verified: %+v", r)
 		}
 		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))
