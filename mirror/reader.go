@@ -1,10 +1,12 @@
 package mirror
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -94,6 +96,10 @@ const scanConsumerIdle = 5 * time.Second
 type ScanOptions struct {
 	FromSeq     uint64 // first stream sequence to read (0 or 1: from the start)
 	HeadersOnly bool   // metadata only: what the resume protocol needs
+	// Expect, if set, is called once before the first message with the number of
+	// messages the scan will deliver at most (the consumer's pending count when it was
+	// created), so that the caller can size what it collects them in.
+	Expect func(n int)
 }
 
 // scanBatch is the most messages one pull of Scan asks for: what Scan holds ahead of fn.
@@ -200,6 +206,9 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last
 	if left == 0 {
 		return nil
 	}
+	if opts.Expect != nil {
+		opts.Expect(int(min(left, 1<<20)))
+	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(left, scanBatch))))
 	if err != nil {
 		return err
@@ -262,44 +271,64 @@ type Generation struct {
 // ReadGeneration reads generation gen of conversation c (0: the newest), ordered by
 // ordinal. A second message with an ordinal already seen is dropped and counted.
 func (r *Reader) ReadGeneration(ctx context.Context, c Conv, gen int) (Generation, error) {
-	byGen := map[int][]Msg{}
-	err := r.Scan(ctx, c, ScanOptions{}, func(m Msg) error {
+	present := map[int]bool{}
+	var msgs []Msg
+	expect := func(n int) { msgs = make([]Msg, 0, n) }
+	err := r.Scan(ctx, c, ScanOptions{Expect: expect}, func(m Msg) error {
+		present[m.Generation] = true
 		if gen == 0 || m.Generation == gen {
-			byGen[m.Generation] = append(byGen[m.Generation], m)
-		} else if _, ok := byGen[m.Generation]; !ok {
-			byGen[m.Generation] = nil
+			msgs = append(msgs, m)
 		}
 		return nil
 	})
 	if err != nil {
 		return Generation{}, err
 	}
-	if len(byGen) == 0 {
+	if len(present) == 0 {
 		return Generation{}, fmt.Errorf("conversation %s: %w", c.Key, ErrNotFound)
 	}
 	g := Generation{Number: gen}
-	for n := range byGen {
+	for n := range present {
 		g.Generations = append(g.Generations, n)
 		if gen == 0 && n > g.Number {
 			g.Number = n
 		}
 	}
 	sort.Ints(g.Generations)
-	msgs, ok := byGen[g.Number]
-	if !ok {
+	if !present[g.Number] {
 		return Generation{}, fmt.Errorf("conversation %s generation %d: %w", c.Key, g.Number, ErrNotFound)
 	}
-	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
-	out := msgs[:0]
+	if gen == 0 {
+		kept := msgs[:0]
+		for _, m := range msgs {
+			if m.Generation == g.Number {
+				kept = append(kept, m)
+			}
+		}
+		msgs = kept
+	}
+	g.Msgs, g.Duplicates = OrderByOrdinal(msgs)
+	return g, nil
+}
+
+// OrderByOrdinal orders the messages of one generation by ordinal, in place, and drops
+// a second message with an ordinal already seen (returning how many). Messages come in
+// stream order, which is ordinal order but for retried publishes: the sort is skipped
+// when they are in order already.
+func OrderByOrdinal(msgs []Msg) ([]Msg, int) {
+	byOrdinal := func(a, b Msg) int { return cmp.Compare(a.Ordinal, b.Ordinal) }
+	if !slices.IsSortedFunc(msgs, byOrdinal) {
+		slices.SortStableFunc(msgs, byOrdinal)
+	}
+	out, dups := msgs[:0], 0
 	for i, m := range msgs {
 		if i > 0 && m.Ordinal == msgs[i-1].Ordinal {
-			g.Duplicates++
+			dups++
 			continue
 		}
 		out = append(out, m)
 	}
-	g.Msgs = out
-	return g, nil
+	return out, dups
 }
 
 // ErrBadHead is wrapped when a conversation's value in the heads bucket does not decode:

@@ -109,7 +109,13 @@ func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string,
 
 // refresh brings st up to the stream.
 func (s *Store) refresh(ctx context.Context, st *conv, id string) *Error {
-	if err := s.load(ctx, st); errors.Is(err, errNoConv) {
+	return s.refreshRead(ctx, st, id, nil)
+}
+
+// refreshRead is refresh that, when it reads the conversation from the start, sets *read
+// to every message it read, bodies included (see load).
+func (s *Store) refreshRead(ctx context.Context, st *conv, id string, read *[]mirror.Msg) *Error {
+	if err := s.load(ctx, st, read); errors.Is(err, errNoConv) {
 		return errorf(CodeNotFound, "conversation %q not found", id)
 	} else if err != nil {
 		return errorf(CodeUnavailable, "%v", err)
@@ -281,7 +287,7 @@ func (s *Store) exists(ctx context.Context, o mirror.Owner, id string) *Error {
 	}
 	st := s.conv(c)
 	defer st.mu.Unlock()
-	if err := s.load(ctx, st); errors.Is(err, errNoConv) {
+	if err := s.load(ctx, st, nil); errors.Is(err, errNoConv) {
 		return errorf(CodeNotFound, "conversation %q not found", id)
 	} else if err != nil {
 		return errorf(CodeUnavailable, "%v", err)

@@ -67,7 +67,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	defer st.mu.Unlock()
 	sum := digest(line)
 	for attempt := 0; attempt < attempts; attempt++ {
-		err := s.load(ctx, st)
+		err := s.load(ctx, st, nil)
 		switch {
 		case err == nil:
 			if st.headerSHA == sum && st.gen == 1 {
@@ -85,7 +85,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 			continue // created meanwhile, or possibly stored: the stream says which
 		}
 		st.loaded = false
-		if err := s.load(ctx, st); err != nil {
+		if err := s.load(ctx, st, nil); err != nil {
 			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
 		}
 		st.writer = mirror.WriterStore

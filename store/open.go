@@ -8,21 +8,23 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
 )
 
-// OpenReply is one reply of open.
+// OpenReply is one reply of open. Its entries are kept encoded (openjson.go): the reply
+// is written as JSON by replyJSON, in the field order of the protocol's example.
 type OpenReply struct {
-	OK         bool        `json:"ok"`
-	Meta       Meta        `json:"meta"`
-	Head       *string     `json:"head"`
-	Generation int         `json:"generation"`
-	LastSeq    uint64      `json:"lastSeq"`
-	Entries    []OpenEntry `json:"entries"`
-	Next       *OpenNext   `json:"next,omitempty"`
+	OK         bool
+	Meta       Meta
+	Head       *string
+	Generation int
+	LastSeq    uint64
+	Next       *OpenNext
+
+	entries []byte // the entries' JSON objects, comma-separated
+	count   int    // how many
 }
 
 // OpenNext is where the next open request continues.
@@ -45,19 +47,25 @@ type PartReply struct {
 const replyReserve = 64 << 10
 
 // Open answers one open request: the metadata, head and the entries after req.After of
-// the generation the store serves, as many as fit one reply.
+// the generation the store serves, as many as fit one reply. A replica that has to read
+// the conversation from the stream to answer (it has not seen it, or it changed) keeps
+// what it read as the snapshot the continuations read, so that the stream is read once.
 func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenReply, *Error) {
 	c, err := mirror.NewConv(o, req.ID)
 	if err != nil {
 		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	st := s.conv(c)
-	if e := s.refresh(ctx, st, req.ID); e != nil {
+	var read []mirror.Msg
+	if e := s.refreshRead(ctx, st, req.ID, &read); e != nil {
 		st.mu.Unlock()
 		return OpenReply{}, e
 	}
 	s.repairHead(ctx, st)
 	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.head), Generation: st.gen, LastSeq: st.genSeq}
+	if read != nil {
+		s.opened.put(snapshotKey(c, st.gen, st.genSeq), snapshotOf(read, st.gen, st.genSeq))
+	}
 	st.mu.Unlock()
 	if req.Generation != 0 {
 		rep.Generation, rep.LastSeq = req.Generation, req.LastSeq
@@ -73,38 +81,49 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	budget := s.opts.MaxPayload - replyReserve
 	metaJSON, _ := json.Marshal(rep.Meta)
 	used := int64(len(metaJSON)) + 256
-	rep.Entries = []OpenEntry{}
 	last := after
-	for _, m := range msgs {
-		if m.Ordinal <= after || m.Kind == mirror.KindHeader {
+	first := sort.Search(len(msgs), func(i int) bool { return msgs[i].Ordinal > after })
+	buf := make([]byte, 0, replySize(msgs[first:], budget))
+	for _, m := range msgs[first:] {
+		if m.Kind == mirror.KindHeader {
 			continue
 		}
 		if m.Kind == mirror.KindRaw && session.IsBlank(m.Data) {
 			last = m.Ordinal
 			continue
 		}
+		mark := len(buf)
+		if rep.count > 0 {
+			buf = append(buf, ',')
+		}
+		sep := len(buf)
 		e := OpenEntry{Ordinal: m.Ordinal, Raw: m.Kind == mirror.KindRaw}
-		size := int64(100)
-		if m.Kind == mirror.KindBlob || !utf8.Valid(m.Data) {
-			e.Size, e.SHA256 = lineSize(m), m.SHA256
-		} else {
-			enc, _ := json.Marshal(string(m.Data))
-			if int64(len(enc)) > budget-1024 {
-				e.Size, e.SHA256 = lineSize(m), m.SHA256
-			} else {
-				line := string(m.Data)
-				e.Line = &line
-				size += int64(len(enc))
+		inlined := false
+		if m.Kind != mirror.KindBlob {
+			// The line itself, unless it is not UTF-8 or would not fit a reply alone.
+			line := m.Data
+			if line == nil {
+				line = []byte{}
+			}
+			buf, inlined = appendOpenEntry(buf, e, line)
+			if inlined && int64(len(buf)-sep) > budget-1024 {
+				buf, inlined = buf[:sep], false
 			}
 		}
-		if used+size > budget && len(rep.Entries) > 0 {
+		if !inlined {
+			e.Size, e.SHA256 = lineSize(m), m.SHA256
+			buf, _ = appendOpenEntry(buf, e, nil)
+		}
+		if used+int64(len(buf)-mark) > budget && rep.count > 0 {
+			buf = buf[:mark]
 			rep.Next = &OpenNext{After: last}
 			break
 		}
-		used += size
-		rep.Entries = append(rep.Entries, e)
+		used += int64(len(buf) - mark)
+		rep.count++
 		last = m.Ordinal
 	}
+	rep.entries = buf
 	return rep, nil
 }
 
@@ -113,6 +132,18 @@ func lineSize(m mirror.Msg) int64 {
 		return m.BlobSize
 	}
 	return int64(len(m.Data))
+}
+
+// replySize is about the bytes the entries of one reply take: what its buffer is made
+// with, so that it does not grow by copies.
+func replySize(msgs []mirror.Msg, budget int64) int64 {
+	n := int64(0)
+	for _, m := range msgs {
+		if n += int64(len(m.Data)) + 64; n > budget {
+			return budget + 4096
+		}
+	}
+	return n
 }
 
 // OpenPart returns part of a large entry, from a snapshot named by open's reply.
@@ -150,7 +181,7 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 // readGen reads generation gen of c up to stream sequence last, in ordinal order. The
 // continuations of one open read the same snapshot, so a replica keeps the last few.
 func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64) ([]mirror.Msg, *Error) {
-	key := c.HeadKey() + "/" + strconv.Itoa(gen) + "/" + strconv.FormatUint(last, 10)
+	key := snapshotKey(c, gen, last)
 	if msgs, ok := s.opened.get(key); ok {
 		return msgs, nil
 	}
@@ -169,6 +200,24 @@ func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64
 	}
 	s.opened.put(key, msgs)
 	return msgs, nil
+}
+
+// snapshotKey names the snapshot of generation gen of c up to stream sequence last.
+func snapshotKey(c mirror.Conv, gen int, last uint64) string {
+	return c.HeadKey() + "/" + strconv.Itoa(gen) + "/" + strconv.FormatUint(last, 10)
+}
+
+// snapshotOf is what readGen returns for generation gen up to last, made from every
+// message of the conversation read in stream order (by load). It takes msgs over.
+func snapshotOf(msgs []mirror.Msg, gen int, last uint64) []mirror.Msg {
+	kept := msgs[:0]
+	for _, m := range msgs {
+		if m.Generation == gen && m.Seq <= last {
+			kept = append(kept, m)
+		}
+	}
+	kept, _ = mirror.OrderByOrdinal(kept)
+	return kept
 }
 
 // openCache keeps the generations recently read by open, bounded in bytes.
@@ -254,7 +303,7 @@ func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, 
 			continue
 		}
 		st := s.conv(c)
-		if err := s.load(ctx, st); err == nil && st.meta.createdAt != "" {
+		if err := s.load(ctx, st, nil); err == nil && st.meta.createdAt != "" {
 			out = append(out, s.meta(st))
 		} else if err != nil && !errors.Is(err, errNoConv) {
 			s.log.Warn("list: conversation skipped", zapConv(st), zapErr(err))

@@ -130,7 +130,13 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 			s.log.Warn("request failed", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("error", e.Message))
 		}
 	} else {
-		body, err := json.Marshal(reply)
+		var body []byte
+		var err error
+		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
+			body, err = r.replyJSON() // encoded as it was built (open's entries)
+		} else {
+			body, err = json.Marshal(reply)
+		}
 		if err != nil {
 			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
 			return

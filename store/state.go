@@ -67,8 +67,10 @@ type scanned struct {
 var errNoConv = errors.New("no such conversation")
 
 // load rebuilds c from the stream and the heads bucket: from scratch when c is not loaded,
-// else from the newest sequence it has seen. The caller holds c.mu.
-func (s *Store) load(ctx context.Context, c *conv) error {
+// else from the newest sequence it has seen. The caller holds c.mu. When it reads from
+// scratch and read is not nil, *read is set to every message read, in stream order,
+// bodies included: open serves them without reading the stream again.
+func (s *Store) load(ctx context.Context, c *conv, read *[]mirror.Msg) error {
 	h := s.handles(c.c.Owner)
 	from := uint64(0)
 	if c.loaded {
@@ -81,12 +83,23 @@ func (s *Store) load(ctx context.Context, c *conv) error {
 		}
 		if last < c.subjSeq { // deleted meanwhile (and perhaps created again)
 			c.loaded = false
-			return s.load(ctx, c)
+			return s.load(ctx, c, read)
 		}
 		from = c.subjSeq + 1
 	}
 	var msgs []scanned
-	err := h.reader.Scan(ctx, c.c, mirror.ScanOptions{FromSeq: from}, func(m mirror.Msg) error {
+	var all []mirror.Msg
+	keep := read != nil && from == 0
+	expect := func(n int) {
+		msgs = make([]scanned, 0, n)
+		if keep {
+			all = make([]mirror.Msg, 0, n)
+		}
+	}
+	err := h.reader.Scan(ctx, c.c, mirror.ScanOptions{FromSeq: from, Expect: expect}, func(m mirror.Msg) error {
+		if keep {
+			all = append(all, m)
+		}
 		sc := scanned{Line: m.Line, seq: m.Seq}
 		switch {
 		case m.Kind == mirror.KindHeader:
@@ -106,7 +119,13 @@ func (s *Store) load(ctx context.Context, c *conv) error {
 		if len(msgs) == 0 {
 			return errNoConv
 		}
-		return s.build(ctx, c, msgs)
+		if err := s.build(ctx, c, msgs); err != nil {
+			return err
+		}
+		if keep {
+			*read = all
+		}
+		return nil
 	}
 	for _, m := range msgs {
 		c.subjSeq = max(c.subjSeq, m.seq)
@@ -114,7 +133,7 @@ func (s *Store) load(ctx context.Context, c *conv) error {
 			// The daemon rewrote the file, a new generation replaces the one we served; or
 			// the conversation was deleted and created again.
 			c.loaded = false
-			return s.load(ctx, c)
+			return s.load(ctx, c, read)
 		}
 		if m.Generation == c.gen {
 			c.apply(m)
