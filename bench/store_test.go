@@ -43,7 +43,7 @@ func storeConfigFromFlags() storeConfig {
 // storeResult is one run of case 9.
 type storeResult struct {
 	store, jsonl, raw  []time.Duration // append latencies, sorted
-	openCold, openWarm []time.Duration // open of openEntries entries, sorted
+	openCold, openWarm []openTime      // open of openEntries entries
 	pages              int             // replies of one open
 	perSec, rawPerSec  float64         // appends/s, all sessions at once
 	others             float64
@@ -119,30 +119,32 @@ type storeReply struct {
 }
 
 // request sends one request to the store as the bench owner and decodes the reply; a
-// reply that is not ok fails the benchmark.
-func (f *storeFixture) request(tb testing.TB, op string, body any) storeReply {
+// reply that is not ok fails the benchmark. wait is the time from the request sent to
+// the reply received, decoding excluded.
+func (f *storeFixture) request(tb testing.TB, op string, body any) (r storeReply, wait time.Duration) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	t0 := time.Now()
 	m, err := f.client.Request(f.names.StoreSubject(f.owner, op), b, 30*time.Second)
+	wait = time.Since(t0)
 	if err != nil {
 		tb.Fatalf("%s: %v", op, err)
 	}
-	var r storeReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		tb.Fatalf("%s reply: %v", op, err)
 	}
 	if !r.OK {
 		tb.Fatalf("%s: %+v", op, r.Error)
 	}
-	return r
+	return r, wait
 }
 
 // newSession creates a store-born session and returns the file that generates its lines.
 func (f *storeFixture) newSession(tb testing.TB, rng *rand.Rand, cwd string) *sessiontest.File {
 	sf := sessiontest.New(rng, tb.TempDir(), cwd, sessiontest.HarnessV3)
-	f.request(tb, "create", map[string]string{"line": string(sf.HeaderLine(cwd))})
+	_, _ = f.request(tb, "create", map[string]string{"line": string(sf.HeaderLine(cwd))})
 	return sf
 }
 
@@ -153,7 +155,7 @@ func (f *storeFixture) appendLine(tb testing.TB, sf *sessiontest.File, head stri
 	if head != "" {
 		expected = head
 	}
-	f.request(tb, "append", map[string]any{"id": sf.ID, "expectedHead": expected, "line": string(line)})
+	_, _ = f.request(tb, "append", map[string]any{"id": sf.ID, "expectedHead": expected, "line": string(line)})
 	sf.Lines = append(sf.Lines, line)
 }
 
@@ -166,12 +168,14 @@ func rawLine(line []byte, ordinal int64) mirror.Line {
 }
 
 // openAll reads a session through open and its continuations, as a client does, and
-// returns its entry lines and the number of replies.
-func (f *storeFixture) openAll(tb testing.TB, id string) ([]string, int) {
-	r := f.request(tb, "open", map[string]any{"id": id})
+// returns its entry lines, the number of replies, and the time spent waiting for them:
+// the store's and the network's share of an open, without the client's decoding (Go's
+// encoding/json takes about as long again as the rest; the Node client's is in the
+// Node figures).
+func (f *storeFixture) openAll(tb testing.TB, id string) (lines []string, pages int, wait time.Duration) {
+	r, w := f.request(tb, "open", map[string]any{"id": id})
 	gen, last := r.Generation, r.LastSeq
-	var lines []string
-	pages := 1
+	pages, wait = 1, w
 	for {
 		for _, e := range r.Entries {
 			if e.Line == nil {
@@ -180,10 +184,10 @@ func (f *storeFixture) openAll(tb testing.TB, id string) ([]string, int) {
 			lines = append(lines, *e.Line)
 		}
 		if r.Next == nil {
-			return lines, pages
+			return lines, pages, wait
 		}
-		r = f.request(tb, "open", map[string]any{"id": id, "generation": gen, "lastSeq": last, "after": r.Next.After})
-		pages++
+		r, w = f.request(tb, "open", map[string]any{"id": id, "generation": gen, "lastSeq": last, "after": r.Next.After})
+		pages, wait = pages+1, wait+w
 	}
 }
 
@@ -277,7 +281,7 @@ func storeLatencies(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeCon
 		}
 	}
 	// Every line is in the store, in order.
-	lines, _ := f.openAll(tb, sf.ID)
+	lines, _, _ := f.openAll(tb, sf.ID)
 	if want := sf.Lines; len(lines) != len(want) || lines[len(lines)-1] != string(want[len(want)-1]) {
 		tb.Fatalf("the store has %d lines, %d were appended", len(lines), len(want))
 	}
@@ -287,11 +291,11 @@ func storeLatencies(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeCon
 	return st, jl, raw
 }
 
-// storeOpens times opens of a session of cfg.openEntries entries, from the first request
-// to the last page decoded: cold, each on a replica that has never seen the session (a
-// replica started, or restarted, since it was written), and warm, on a replica that knows
-// the conversation and has just appended to it (the snapshot is new, so open reads it).
-func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig) (cold, warm []time.Duration, pages int) {
+// storeOpens times opens of a session of cfg.openEntries entries (timeOpen): cold, each on
+// a replica that has never seen the session (a replica started, or restarted, since it
+// was written), and warm, on a replica that knows the conversation and has just appended
+// to it (the snapshot is new, so open reads it).
+func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig) (cold, warm []openTime, pages int) {
 	sf := f.newSession(tb, rng, "/bench/open")
 	o := f.owner
 	ctx := benchCtx(tb)
@@ -305,32 +309,48 @@ func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig)
 		}
 		sf.Lines = append(sf.Lines, line)
 	}
-	check := func(lines []string) {
-		if len(lines) != len(sf.Lines) || lines[len(lines)-1] != string(sf.Lines[len(sf.Lines)-1]) {
-			tb.Fatalf("open read %d entries, the session has %d", len(lines), len(sf.Lines))
-		}
-	}
 	for i := 0; i < cfg.opens; i++ {
 		f.rep.stop()
 		f.rep = startReplica(tb, f.tgt.url, f.names)
 		settle()
-		t0 := time.Now()
-		lines, n := f.openAll(tb, sf.ID)
-		cold = append(cold, time.Since(t0))
-		check(lines)
-		pages = n
+		cold = append(cold, timeOpen(tb, f, sf))
 	}
 	for i := 0; i < cfg.opens; i++ {
 		head := sf.Leaf()
 		f.appendLine(tb, sf, head, sf.Message(cfg.entryBytes))
-		t0 := time.Now()
-		lines, _ := f.openAll(tb, sf.ID)
-		warm = append(warm, time.Since(t0))
-		check(lines)
+		warm = append(warm, timeOpen(tb, f, sf))
 	}
-	slices.Sort(cold)
-	slices.Sort(warm)
+	pages = cold[0].pages
 	return cold, warm, pages
+}
+
+// openTime is one timed open.
+type openTime struct {
+	wait, client, cpu time.Duration // see timeOpen
+	pages             int
+}
+
+// timeOpen opens sf and checks that it read every line: wait is the time waiting for the
+// replies, client the time from the first request to the last reply decoded, cpu the
+// CPU time of the whole process (server, store and client) meanwhile.
+func timeOpen(tb testing.TB, f *storeFixture, sf *sessiontest.File) openTime {
+	cpu0, t0 := selfCPU(), time.Now()
+	lines, pages, wait := f.openAll(tb, sf.ID)
+	ot := openTime{wait: wait, client: time.Since(t0), cpu: selfCPU() - cpu0, pages: pages}
+	if len(lines) != len(sf.Lines) || lines[len(lines)-1] != string(sf.Lines[len(sf.Lines)-1]) {
+		tb.Fatalf("open read %d entries, the session has %d", len(lines), len(sf.Lines))
+	}
+	return ot
+}
+
+// medianOf is the median of one field of opens.
+func medianOf(opens []openTime, field func(openTime) time.Duration) time.Duration {
+	d := make([]time.Duration, len(opens))
+	for i, o := range opens {
+		d[i] = field(o)
+	}
+	slices.Sort(d)
+	return quantile(d, 0.5)
 }
 
 // storeConcurrent measures appends/s with cfg.sessions sessions each appending
@@ -391,7 +411,7 @@ func storeConcurrent(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeCo
 	})
 	// Every session holds its appends.
 	for _, p := range sess[:min(3, len(sess))] {
-		if lines, _ := f.openAll(tb, p.sf.ID); len(lines) != cfg.perSession {
+		if lines, _, _ := f.openAll(tb, p.sf.ID); len(lines) != cfg.perSession {
 			tb.Fatalf("session %s has %d entries, %d were appended", p.sf.ID, len(lines), cfg.perSession)
 		}
 	}
@@ -409,8 +429,15 @@ func reportStore(b *testing.B, cfg storeConfig, r storeResult) {
 	b.ReportMetric(ratio(quantile(r.store, 0.99), quantile(r.raw, 0.99)), "raw-ratio-p99")
 	b.ReportMetric(ratio(quantile(r.store, 0.5), quantile(r.jsonl, 0.5)), "jsonl-ratio-p50")
 	b.ReportMetric(ratio(quantile(r.store, 0.99), quantile(r.jsonl, 0.99)), "jsonl-ratio-p99")
-	b.ReportMetric(ms(quantile(r.openCold, 0.5)), "open-cold-ms")
-	b.ReportMetric(ms(quantile(r.openWarm, 0.5)), "open-warm-ms")
+	wait := func(o openTime) time.Duration { return o.wait }
+	client := func(o openTime) time.Duration { return o.client }
+	cpu := func(o openTime) time.Duration { return o.cpu }
+	b.ReportMetric(ms(medianOf(r.openCold, wait)), "open-cold-ms")
+	b.ReportMetric(ms(medianOf(r.openCold, client)), "open-cold-client-ms")
+	b.ReportMetric(ms(medianOf(r.openCold, cpu)), "open-cold-cpu-ms")
+	b.ReportMetric(ms(medianOf(r.openWarm, wait)), "open-warm-ms")
+	b.ReportMetric(ms(medianOf(r.openWarm, client)), "open-warm-client-ms")
+	b.ReportMetric(ms(medianOf(r.openWarm, cpu)), "open-warm-cpu-ms")
 	b.ReportMetric(float64(r.pages), "open-pages")
 	b.ReportMetric(float64(cfg.openEntries), "open-entries")
 	b.ReportMetric(r.perSec, "appends/s")
