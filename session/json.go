@@ -44,7 +44,22 @@ func specialMask(w uint64) uint64 {
 // contents hold an escape.
 func scanString(b []byte, i int) (end int, esc bool, err error) {
 	for {
-		// Skip ordinary bytes eight at a time: strings are most of a line.
+		// Skip ordinary bytes sixteen, then eight at a time: strings are most of a line.
+		for i+16 <= len(b) {
+			w := b[i : i+16]
+			m0, m1 := specialMask(binary.LittleEndian.Uint64(w)), specialMask(binary.LittleEndian.Uint64(w[8:]))
+			if m0|m1 != 0 {
+				if m0 == 0 {
+					i += 8
+					m0 = m1
+				}
+				i += bits.TrailingZeros64(m0) >> 3
+				// Straight to the byte's handling: leaving by break through the loops
+				// below (which would not move) measured slower than the 8-byte loop alone.
+				goto special
+			}
+			i += 16
+		}
 		for i+8 <= len(b) {
 			if m := specialMask(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 				i += bits.TrailingZeros64(m) >> 3
@@ -55,6 +70,7 @@ func scanString(b []byte, i int) (end int, esc bool, err error) {
 		for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
 			i++
 		}
+	special:
 		if i >= len(b) {
 			return i, esc, malformed(i, "unterminated string")
 		}
