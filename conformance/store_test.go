@@ -423,20 +423,11 @@ func lineDiff(a, b []byte) string {
 	return fmt.Sprintf("%d lines vs %d", len(al), len(bl))
 }
 
-// oneWriterRule says whether the daemon side of DESIGN §8's one-writer rule has landed
-// (`pisync run` mirrors lines appended to a local file after the store took the
-// conversation over as a new generation). Until then TestStoreLocalAppendsAfterCutOver
-// skips; set it to true in the commit that lands the rule.
-const oneWriterRule = false
-
 // TestStoreLocalAppendsAfterCutOver: the daemon keeps running while a runtime continues a
 // mirrored session through the store; lines Pi then still appends to the old local file
 // are mirrored as a new generation of that file, never into the store's generation, which
 // the store keeps serving and extending.
 func TestStoreLocalAppendsAfterCutOver(t *testing.T) {
-	if !oneWriterRule {
-		t.Skip("the daemon side of the one-writer rule (DESIGN §8) has not landed: pisync run still appends a local file's new lines to the generation the store writes")
-	}
 	t.Parallel()
 	pi := pitest.New(t)
 	ps, srv := storeSetup(t)

@@ -33,7 +33,29 @@ type Head struct {
 	CreatedAt     string          `json:"created_at,omitempty"`     // header timestamp
 	ParentSession string          `json:"parent_session,omitempty"` // header parentSession
 	Metadata      json.RawMessage `json:"metadata,omitempty"`       // header metadata, exact bytes
+
+	// Local is written by the daemon into a head the store writes, never over the rest
+	// of it: the local file of the conversation was appended to after the store took it
+	// over, and those lines are mirrored as a generation of their own (DESIGN §8).
+	Local *LocalCopy `json:"local,omitempty"`
 }
+
+// LocalCopy is how far the daemon mirrors the local file of a conversation the session
+// store writes, as a generation apart from the store's.
+type LocalCopy struct {
+	Host       string    `json:"host"`
+	Root       string    `json:"root"`
+	Source     string    `json:"source"`
+	Generation int       `json:"generation"`
+	Entries    int64     `json:"entries"`  // lines mirrored in Generation, header included
+	LastSeq    uint64    `json:"last_seq"` //
+	Bytes      int64     `json:"bytes"`    // file bytes mirrored (newlines included)
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// StoreWrites reports whether the session store writes the conversation: the daemon
+// then no longer extends generation h.Generation (DESIGN §8, one writer at a time).
+func (h Head) StoreWrites() bool { return h.Writer == WriterStore && h.Generation > 0 }
 
 // WriterStore is Head.Writer of a conversation the session store writes.
 const WriterStore = "store"

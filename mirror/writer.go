@@ -108,9 +108,21 @@ func (w *Writer) chunkSize() uint32 {
 	return uint32(max(n, 1<<10))
 }
 
+// StoreWritesError is returned by PutHead when the stored head says the session store
+// writes the conversation: the daemon's head is not written over it (DESIGN §8).
+type StoreWritesError struct {
+	Head Head // the store's head
+}
+
+func (e *StoreWritesError) Error() string {
+	return fmt.Sprintf("the session store writes conversation %s (generation %d)", e.Head.ConvKey(), e.Head.Generation)
+}
+
 // PutHead writes h as the head of c with compare-and-set on the revision. When another
 // writer got there first, the stored head wins if it is further along (higher generation,
-// or same generation and higher stream sequence); otherwise h is written over it.
+// or same generation and higher stream sequence); otherwise h is written over it. A head
+// the session store writes is never replaced by one it does not: PutHead then returns a
+// *StoreWritesError, and the daemon records its copy with PutLocal.
 func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
 	key := c.HeadKey()
 	val := EncodeHead(h)
@@ -126,7 +138,11 @@ func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
 			newRev, err = w.heads.Create(ctx, key, val)
 		}
 		if err == nil {
-			w.remember(key, newRev)
+			if h.StoreWrites() {
+				w.forget(key) // the next head of ours must find it the store's again
+			} else {
+				w.remember(key, newRev)
+			}
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
@@ -142,12 +158,60 @@ func (w *Writer) PutHead(ctx context.Context, c Conv, h Head) error {
 		if gerr != nil {
 			return fmt.Errorf("put head %s: %w", c.Key, gerr)
 		}
+		cur, derr := DecodeHead(e.Value())
+		if derr == nil && cur.StoreWrites() && !h.StoreWrites() {
+			w.forget(key) // so that no later update of ours goes through unchecked
+			return &StoreWritesError{Head: cur}
+		}
 		w.remember(key, e.Revision())
-		if cur, derr := DecodeHead(e.Value()); derr == nil && aheadOf(cur, h) {
+		if derr == nil && aheadOf(cur, h) {
 			return nil
 		}
 	}
 	return fmt.Errorf("put head %s: revision kept changing", c.Key)
+}
+
+// PutLocal records lc as the Local part of the head of c, which the session store
+// writes, by compare-and-set: every other field stays the store's. It returns
+// ErrNotFound when there is no head, and a plain error when the head is no longer the
+// store's (the daemon then writes its own with PutHead).
+func (w *Writer) PutLocal(ctx context.Context, c Conv, lc LocalCopy) error {
+	key := c.HeadKey()
+	for attempt := 0; attempt < 5; attempt++ {
+		e, err := w.heads.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("head of %s: %w", c.Key, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("head of %s: %w", c.Key, err)
+		}
+		cur, err := DecodeHead(e.Value())
+		if err != nil {
+			return fmt.Errorf("head of %s: %w: %v", c.Key, ErrBadHead, err)
+		}
+		if !cur.StoreWrites() {
+			return fmt.Errorf("head of %s: not written by the session store", c.Key)
+		}
+		if l := cur.Local; l != nil && (l.Generation > lc.Generation || l.Generation == lc.Generation && l.LastSeq >= lc.LastSeq) {
+			return nil // as far along already
+		}
+		cur.Local = &lc
+		_, err = w.heads.Update(ctx, key, EncodeHead(cur), e.Revision())
+		if err == nil {
+			return nil
+		}
+		if !isWrongSequence(err) {
+			return fmt.Errorf("put head %s: %w", c.Key, err)
+		}
+	}
+	return fmt.Errorf("put head %s: revision kept changing", c.Key)
+}
+
+// forget drops the revision remembered for key.
+func (w *Writer) forget(key string) {
+	w.mu.Lock()
+	delete(w.revs, key)
+	w.mu.Unlock()
 }
 
 // remember records the revision of key, forgetting another key when the map is full

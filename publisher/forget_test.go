@@ -336,14 +336,8 @@ func testOptions(t *testing.T, ctx context.Context, url string) Options {
 // startWatcher watches root for p; stop waits for the watcher to end.
 func startWatcher(t *testing.T, ctx context.Context, p *Publisher, root string) (stop func(), ready <-chan struct{}) {
 	t.Helper()
-	w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	return func() { wcancel(); <-done }, w.Ready()
+	w, stop := startWatcherFor(t, ctx, p, root)
+	return stop, w.Ready()
 }
 
 // writeFiles writes n sessions of a header and two entries under root.

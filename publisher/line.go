@@ -40,6 +40,12 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	if err := p.waitResync(ctx, st); err != nil {
 		return err
 	}
+	st.mu.Lock()
+	takenOver := st.takenOver
+	st.mu.Unlock()
+	if takenOver {
+		return fmt.Errorf("%s line %d: another writer extends the generation it was mirrored into: %w", f.Path, l.Ordinal+1, watcher.ErrReopen)
+	}
 	// While the cluster has no room, the whole host waits here (the files buffer).
 	if err := p.gate.wait(ctx, p.closing); err != nil {
 		return err
@@ -98,6 +104,12 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 
 	st.mu.Lock()
+	if st.storeGen != 0 && st.storeGen == st.acked.Generation {
+		// The session store writes the generation this file's lines so far are in: a
+		// line appended locally since goes to a new one, which reopening starts.
+		st.mu.Unlock()
+		return fmt.Errorf("%s line %d: the session store writes generation %d of this conversation: %w", f.Path, l.Ordinal+1, st.acked.Generation, watcher.ErrReopen)
+	}
 	ml := mirror.Line{
 		Kind: it.kind, EntryID: entryID(it, l.Ordinal), ParentID: it.env.ParentID,
 		EntryType: entryType(it), Ordinal: l.Ordinal, Generation: st.acked.Generation,
@@ -130,9 +142,14 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 	it.slot = true
 	st.mu.Lock()
+	wait := st.live && len(st.queue) > 0 // sent, fenced, once the line before resolves
+	it.waiting = wait
 	st.queue = append(st.queue, it)
 	st.seenEnd = max(st.seenEnd, it.end)
 	st.mu.Unlock()
+	if wait {
+		return nil
+	}
 	return p.send(ctx, st, it)
 }
 
@@ -211,6 +228,7 @@ func (p *Publisher) enqueueResolved(st *fileState, it *item) error {
 		p.noteDirty(st)
 	}
 	p.release(released)
+	p.sendNext(st)
 	return nil
 }
 
@@ -244,6 +262,7 @@ func (p *Publisher) releaseSlot() {
 // send publishes it asynchronously and hands the future to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
+	fence(st, it)
 	msg := it.msg
 	st.mu.Unlock()
 	epoch := p.gate.current()
@@ -358,13 +377,17 @@ func (p *Publisher) settle(st *fileState, it *item) {
 		p.releaseSlot()
 	}
 	p.release(released)
+	p.sendNext(st)
 }
 
 // fail marks st for reconciliation and starts it unless it is running. A refusal for
 // lack of room in the cluster (sent in epoch) is back-pressure: counted by reason, never
-// quarantined, and held at the gate with every other publish of the host.
+// quarantined, and held at the gate with every other publish of the host. A fenced line
+// refused is not a failure: another writer's line is on the subject (onewriter.go).
 func (p *Publisher) fail(st *fileState, err error, epoch uint64) {
-	p.m.failures.WithLabelValues(failureReason(err)).Inc()
+	if !fenced(err) {
+		p.m.failures.WithLabelValues(failureReason(err)).Inc()
+	}
 	reason := clusterPressure(err, p.connected())
 	if reason != "" {
 		p.m.throttled.WithLabelValues(reason).Inc()
@@ -461,6 +484,8 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 	if pressured {
 		// The gate reports the cluster's refusal once for the host, not once per file.
 		log.Debug("publish refused for lack of room in the cluster; resent when it has room", zap.Error(cause))
+	} else if fenced(cause) {
+		log.Info("the conversation holds a line this daemon did not publish; comparing with the mirror", zap.Error(cause))
 	} else {
 		log.Warn("publish failed; reconciling with the mirror and resending", zap.Error(cause))
 	}
@@ -546,6 +571,12 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		return err
 	}
 	st.mu.Lock()
+	st.fenceSeq = max(st.fenceSeq, last)
+	if foreign(st, held) {
+		p.takeOver(st) // unlocks st.mu
+		p.endResync(st)
+		return nil
+	}
 	var resend []*item
 	for _, it := range st.queue {
 		if it.done || it.inFlight {
@@ -569,6 +600,16 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		p.noteDirty(st)
 	}
 	p.release(released)
+	// A live file's lines go one at a time again: the first now, each next one when the
+	// one before it resolves.
+	st.mu.Lock()
+	if st.live && len(resend) > 1 {
+		for _, it := range resend[1:] {
+			it.waiting = true
+		}
+		resend = resend[:1]
+	}
+	st.mu.Unlock()
 	// Ends the pause before resending: a resend that fails starts a new reconciliation.
 	p.endResync(st)
 	for _, it := range resend {

@@ -42,6 +42,11 @@ type Options struct {
 	CommitInterval time.Duration // checkpoint commits (default 200 ms)
 	HeadInterval   time.Duration // head updates (default 500 ms)
 	RetryMax       time.Duration // longest pause between retries (default 30 s)
+
+	// Reopen asks the watcher to open the file at path again as rewritten (nil: the
+	// file is reopened at its next line). The publisher calls it when another writer
+	// (the session store) extended the generation it mirrors a file into.
+	Reopen func(path string) bool
 }
 
 // NewJetStream is the JetStream context the publisher expects: acknowledgements time out
@@ -93,6 +98,10 @@ type Publisher struct {
 	forgotten map[string]int          // root → deleted files forgotten, still counted as deleted
 
 	view startView // the owner's conversations in one request, for the files seen at start
+
+	// storeGens: conversation key → the generation the session store writes, for the
+	// conversations found taken over (DESIGN §8): the daemon never extends it again.
+	storeGens map[string]int
 }
 
 // New validates opts and binds the mirror. Call Start before handing it to the watcher.
@@ -145,7 +154,8 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		byConv:  map[string]watcher.FileID{},
 		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
-		gate: newGate(opts.Metrics, opts.Logger, opts.RetryMax),
+		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),
+		storeGens: map[string]int{},
 	}
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}
@@ -340,9 +350,10 @@ func (p *Publisher) stageCheckpoints() {
 // and returns the files whose head it wrote.
 func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 	type job struct {
-		st   *fileState
-		conv mirror.Conv
-		head mirror.Head
+		st       *fileState
+		conv     mirror.Conv
+		head     mirror.Head
+		storeGen int // the session store writes the conversation: only Local is ours
 	}
 	var jobs []job
 	for _, st := range p.takeDirty(&p.dirtyHead) {
@@ -358,9 +369,11 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 			st.headDirty, st.goneHeadWritten = false, true // nothing of ours to record
 		case !own:
 			st.headDirty = false // a state being replaced: its successor writes the head
+		case st.headDirty && st.acked.StreamSeq > 0 && st.storeGen != 0 && st.storeGen == st.acked.Generation:
+			st.headDirty = false // the store's generation: its head is the store's to write
 		case st.headDirty && st.acked.StreamSeq > 0:
 			st.headDirty = false
-			jobs = append(jobs, job{st, st.conv, st.head(p.opts.Host)})
+			jobs = append(jobs, job{st, st.conv, st.head(p.opts.Host), st.storeGen})
 		}
 		st.mu.Unlock()
 	}
@@ -375,7 +388,8 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 			defer func() { <-sem; wg.Done() }()
 			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			if err := p.writer.PutHead(hctx, j.conv, j.head); err != nil {
+			err := p.putHead(hctx, j.st, j.conv, j.head, j.storeGen)
+			if err != nil {
 				p.m.headUpdates.WithLabelValues("error").Inc()
 				if n, log := p.headFailures.Hit(); log {
 					p.log.Warn("head update failed; retried at next flush", zap.Int64("failures", n),

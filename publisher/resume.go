@@ -34,6 +34,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			if err != nil {
 				return err
 			}
+			st.fenceSeq = last
 			if !newerGen {
 				st.held = held
 				return nil
@@ -52,8 +53,10 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		st.leaf.Set("")
 	}
 	var nw newest
+	var last uint64
 	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
 		nw.add(m)
+		last = max(last, m.Seq)
 		return nil
 	})
 	if err != nil {
@@ -65,19 +68,33 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	if top == 0 {
 		return nil
 	}
+	st.fenceSeq = last
 	held := nw.held
-	same, err := matchesMirror(st.file.Path, held)
+	cmp, err := compareWithMirror(st.file.Path, held)
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
-	if same {
+	store := false
+	if cmp != differs && cmp != sameLength {
+		// One writer at a time (DESIGN §8): a generation the session store writes is
+		// kept only by a file that holds exactly its lines so far (the store then wrote
+		// after them); a file with lines of its own past them was appended to locally
+		// since the cut-over.
+		if store, err = p.storeWrites(ctx, st, top); err != nil {
+			return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		}
+	}
+	if cmp == sameLength || cmp == longer && !store || cmp == shorter && store {
 		st.held = held
 		return nil
 	}
 	st.acked.Generation = top + 1
 	p.m.generations.Inc()
-	log.Info("mirrored lines changed or vanished locally; starting a new generation",
-		zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
+	why := "mirrored lines changed or vanished locally; starting a new generation"
+	if store {
+		why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
+	}
+	log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
 	return nil
 }
 
@@ -130,39 +147,52 @@ func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from,
 	return held, newer, nil
 }
 
-// matchesMirror reports whether every line the mirror holds is still in the file, byte
-// for byte, at its ordinal. It streams the file, so memory does not grow with line size.
-func matchesMirror(path string, held map[int64]heldLine) (bool, error) {
+// comparison is how a local file compares with the lines a generation holds.
+type comparison int
+
+const (
+	differs    comparison = iota // a mirrored line is not at its ordinal in the file
+	sameLength                   // the file holds exactly the mirrored lines (and perhaps a torn tail)
+	longer                       // the file holds every mirrored line, then lines of its own
+	shorter                      // the file holds the first mirrored lines, then ends
+)
+
+// compareWithMirror compares the file with what the mirror holds, byte for byte, by
+// ordinal. It streams the file, so memory does not grow with line size.
+func compareWithMirror(path string, held map[int64]heldLine) (comparison, error) {
 	var top int64 = -1
 	for o := range held {
 		top = max(top, o)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return false, err
+		return differs, err
 	}
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 256<<10)
 	h := sha256.New()
-	for ord := int64(0); ord <= top; {
+	for ord := int64(0); ; {
 		chunk, err := r.ReadSlice('\n')
 		switch {
+		case err == nil && ord > top:
+			return longer, nil
 		case err == nil:
 			h.Write(chunk[:len(chunk)-1]) // the digest covers the line without its newline
 			if hl, ok := held[ord]; ok && hl.sha != hex.EncodeToString(h.Sum(nil)) {
-				return false, nil
+				return differs, nil
 			}
 			h.Reset()
 			ord++
 		case errors.Is(err, bufio.ErrBufferFull):
 			h.Write(chunk)
+		case errors.Is(err, io.EOF) && ord > top:
+			return sameLength, nil // a torn tail is not a line
 		case errors.Is(err, io.EOF):
-			return false, nil // mirrored lines vanished
+			return shorter, nil // mirrored lines vanished, or another writer added them
 		default:
-			return false, err
+			return differs, err
 		}
 	}
-	return true, nil
 }
 
 // verifyLastLine checks that the file still holds the checkpoint's last acknowledged line

@@ -52,6 +52,15 @@ type fileState struct {
 	recordedHeadSeq uint64
 
 	goneHeadWritten bool // a head saying the file is deleted locally is in the mirror
+
+	// One writer at a time (DESIGN §8, onewriter.go).
+	storeGen  int    // the generation the session store writes (0: none known)
+	fenceSeq  uint64 // newest sequence of the conversation's subject known besides acked.StreamSeq
+	takenOver bool   // another writer extended acked.Generation: the file waits to be reopened
+	// live: the file's queue has drained once since it was opened, so its lines are
+	// appends as they happen: each is sent once the one before it is acknowledged,
+	// fenced on it (onewriter.go). Before that (a back-fill) lines are pipelined.
+	live bool
 }
 
 // heldLine is a line the mirror holds: its digest and stream sequence.
@@ -78,6 +87,7 @@ type item struct {
 	reblob   bool // refused whole by the server: being sent the blob way
 	dropped  bool // quarantined: refused for good, the frontier passes it unmirrored
 	slot     bool // holds one of the window's message slots until resolved
+	waiting  bool // a live line queued behind an unresolved one: sent when it resolves
 }
 
 // frontier is the acknowledged position in a file: the numbers of a checkpoint.Record,
@@ -173,6 +183,7 @@ func (st *fileState) advance() (released int64, n int) {
 	}
 	if len(st.queue) == 0 {
 		st.queue = nil
+		st.live = true
 	}
 	return released, n
 }

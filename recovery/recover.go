@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -211,15 +212,26 @@ func (r *Recoverer) one(ctx context.Context, key string) outcome {
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, fmt.Errorf("%w: %v", mirror.ErrNotFound, err))}
 	}
-	g, err := readGeneration(ctx, r.m, c, r.opts.Generation)
-	if err != nil {
-		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
-	}
 	head, bad, err := headOf(ctx, r.m, c)
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
+	g, err := readGeneration(ctx, r.m, c, r.wantGeneration(head))
+	if err != nil {
+		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
+	}
 	return r.finish(ctx, key, g, head, bad)
+}
+
+// wantGeneration is the generation to rebuild (0: the newest): --generation, else the
+// one the session store writes when the head says it writes the conversation (DESIGN
+// §8: lines appended to the old local file since are a newer generation of that file,
+// not the conversation).
+func (r *Recoverer) wantGeneration(head *mirror.Head) int {
+	if r.opts.Generation == 0 && head != nil && head.StoreWrites() {
+		return head.Generation
+	}
+	return r.opts.Generation
 }
 
 // failed is the report of a conversation that could not be rebuilt.
@@ -259,6 +271,9 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 		return fail(resultOf(err), err)
 	}
 	rep = plan.Report
+	if newest := slices.Max(append([]int{0}, g.numbers...)); head != nil && head.StoreWrites() && newest > g.number {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the session store writes generation %d; generation %d holds the local file as appended after the cut-over (--generation %d rebuilds it)", g.number, newest, newest))
+	}
 	if badHead != nil {
 		rep.HeadCheck = "skipped: the head does not decode"
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%v: rebuilt without the head's metadata", badHead))

@@ -42,7 +42,11 @@ func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, com *
 			left = append(left, i) // One says it is not found
 			continue
 		}
-		pending[keys[i]] = newCollector(r.opts.Generation, int(min(counts[keys[i]], 1<<16)))
+		var head *mirror.Head
+		if h, ok := heads[keys[i]]; ok {
+			head = &h
+		}
+		pending[keys[i]] = newCollector(r.wantGeneration(head), int(min(counts[keys[i]], 1<<16)))
 		index[keys[i]] = i
 	}
 	if len(pending) == 0 {

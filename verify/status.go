@@ -21,10 +21,13 @@ const (
 	StateMissing     State = "local-missing" // mirrored from this host, the local file is gone
 	StateNotMirrored State = "not-mirrored"  // the mirror does not know the file
 	StateNoHead      State = "no-head"       // the stream holds the conversation, without a usable head
+	// StateDrift: the session store writes the conversation (DESIGN §8) and the local
+	// file was appended to since: its lines are mirrored as a generation apart.
+	StateDrift State = "drift"
 )
 
 // States lists every state in display order.
-var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead}
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift}
 
 // SessionStatus is the line of one session in `pisync status`.
 type SessionStatus struct {
@@ -161,6 +164,8 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 		s.Detail = fmt.Sprintf("the stream holds %d lines of it, but no usable head (%s); pisync verify compares the file with them", p.Headless.Messages, p.Headless.Reason)
 	case p.Head == nil:
 		s.State, s.LagSeconds = StateNotMirrored, sinceWrite
+	case p.Head.StoreWrites():
+		storeWritten(&s, p.Head, complete)
 	case p.Head.Bytes > complete:
 		s.State = StateError
 		s.Detail = fmt.Sprintf("the mirror holds %d bytes, the file %d complete ones: rewritten or truncated since (pisync verify shows what differs)", p.Head.Bytes, complete)
@@ -176,6 +181,32 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 		s.State = StateSynced
 	}
 	return s
+}
+
+// storeWritten is the state of a local file whose conversation the session store writes
+// (DESIGN §8): synced while the file holds no more than the lines mirrored before the
+// cut-over, drift once it was appended to (the daemon mirrors it as a generation of its
+// own, recorded in the head's Local part).
+func storeWritten(s *SessionStatus, h *mirror.Head, complete int64) {
+	mirrored := h.Bytes
+	if l := h.Local; l != nil {
+		mirrored, s.MirroredAt = l.Bytes, l.UpdatedAt
+	}
+	s.MirroredBytes, s.Percent = mirrored, percent(min(mirrored, s.LocalBytes), s.LocalBytes)
+	if h.Local == nil && complete <= h.Bytes {
+		s.State = StateSynced
+		s.Detail = fmt.Sprintf("the session store writes this conversation (generation %d) since the cut-over; the file holds its first lines", h.Generation)
+		return
+	}
+	s.State = StateDrift
+	s.Detail = fmt.Sprintf("the session store writes this conversation (generation %d); the local file was appended to since the cut-over", h.Generation)
+	if l := h.Local; l != nil {
+		s.Detail += fmt.Sprintf(" and is mirrored apart as generation %d", l.Generation)
+	}
+	if complete > mirrored {
+		s.Detail += fmt.Sprintf(", %d bytes not mirrored yet", complete-mirrored)
+	}
+	s.Detail += "; pisync recover rebuilds the store's generation"
 }
 
 func percent(part, whole int64) float64 {

@@ -105,6 +105,11 @@ func TestStatusStates(t *testing.T) {
 	head := func(bytes int64) *mirror.Head {
 		return &mirror.Head{Conversation: "c", Key: "c", Host: "h1", Generation: 2, Bytes: bytes, Entries: 3, UpdatedAt: hour}
 	}
+	storeHead := func(bytes int64, local *mirror.LocalCopy) *mirror.Head {
+		h := head(bytes)
+		h.Writer, h.Local = mirror.WriterStore, local
+		return h
+	}
 	file := func(size, torn int64) *LocalFile {
 		return &LocalFile{Path: "/r/x.jsonl", Size: size, Torn: torn, HeaderOK: true, ModTime: now.Add(-time.Minute)}
 	}
@@ -124,6 +129,10 @@ func TestStatusStates(t *testing.T) {
 		{"not mirrored", Pair{File: file(100, 0), Head: nil}, StateNotMirrored, 60, 0},
 		{"first line torn", Pair{File: &LocalFile{Path: "/r/z.jsonl", Size: 10, Torn: 10, ModTime: now}, Head: nil}, StateTorn, 0, 0},
 		{"local file missing", Pair{File: nil, Head: head(100)}, StateMissing, 0, 100},
+		// DESIGN §8: the session store writes the conversation since the cut-over.
+		{"store writes, file unchanged", Pair{File: file(100, 0), Head: storeHead(100, nil)}, StateSynced, 0, 100},
+		{"store writes, file appended to", Pair{File: file(150, 0), Head: storeHead(100, nil)}, StateDrift, 0, 100 * 100.0 / 150},
+		{"store writes, appends mirrored apart", Pair{File: file(150, 0), Head: storeHead(100, &mirror.LocalCopy{Generation: 3, Bytes: 150})}, StateDrift, 0, 100},
 	}
 	var pairs []Pair
 	for _, tc := range cases {

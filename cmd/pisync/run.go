@@ -184,6 +184,8 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		Logger: log.Named("publisher"), Metrics: pm,
 		WindowMessages: f.window, WindowBytes: f.windowBytes,
 		BlobThreshold: f.blobThreshold, MaxLineBytes: f.maxLineBytes,
+		// Set before the watcher exists: the publisher calls it only once lines flow.
+		Reopen: func(path string) bool { return d.watch != nil && d.watch.Reopen(path) },
 	})
 	if err != nil {
 		return nil, err

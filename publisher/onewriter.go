@@ -1,0 +1,198 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/mirror"
+)
+
+// One writer at a time (DESIGN §8). Once the session store has written a conversation
+// (its head says so), the daemon never extends the generation the store extends: lines
+// appended to the local file afterwards are mirrored as a new generation of the file.
+//
+// Two things make sure of it:
+//   - a fence: the first line of a file past its acknowledged frontier (the only line in
+//     flight for it, which is how Pi appends: one line at a time) is published with
+//     Nats-Expected-Last-Subject-Sequence set to the newest sequence the daemon knows of
+//     the conversation's subject. The store publishes with the same check, so of a local
+//     line and a store append on one head exactly one lands; when the daemon's is refused,
+//     reconciliation finds the other writer's line in its generation (takeOver);
+//   - the head: the daemon never writes its head over one the store writes
+//     (mirror.Writer.PutHead), and learns from it which generation the store writes; at a
+//     resume, a file that is not exactly the store's lines so far starts a new generation.
+//
+// Lines sent behind the fenced one (a burst read at once) are not fenced, so a store
+// append landing within the microseconds between two of them is not excluded; a local
+// file and the store writing one conversation in the same instant is the drift this rule
+// reports, not a case it can order.
+
+// storeGenOf returns the generation the session store writes for key, as far as this
+// daemon has learnt (0: none).
+func (p *Publisher) storeGenOf(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.storeGens[key]
+}
+
+// noteStoreGen records that the session store writes generation gen of st's conversation.
+func (p *Publisher) noteStoreGen(st *fileState, gen int) {
+	p.mu.Lock()
+	p.storeGens[st.conv.Key] = gen
+	p.mu.Unlock()
+	st.mu.Lock()
+	st.storeGen = gen
+	st.mu.Unlock()
+}
+
+// fence sets or clears the expected subject sequence of it's message; the caller holds
+// st.mu. Only the first unresolved line of a file is fenced: the sequence the ones behind
+// it must follow is not known until it is acknowledged.
+func fence(st *fileState, it *item) {
+	if it.msg == nil {
+		return
+	}
+	seq := max(st.acked.StreamSeq, st.fenceSeq)
+	if len(st.queue) == 0 || st.queue[0] != it || seq == 0 {
+		it.msg.Header.Del(jetstream.ExpectedLastSubjSeqHeader)
+		return
+	}
+	if it.msg.Header == nil {
+		it.msg.Header = nats.Header{}
+	}
+	it.msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(seq, 10))
+}
+
+// fenced reports whether err is the server refusing a fenced line: the subject holds a
+// message the daemon did not know of.
+func fenced(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// foreign reports whether held (the lines of st's generation the mirror holds past its
+// frontier) has a line the daemon did not publish from this file: one at an ordinal the
+// file has, with other bytes, or past the lines read so far. The caller holds st.mu.
+func foreign(st *fileState, held map[int64]heldLine) bool {
+	queued := make(map[int64]string, len(st.queue))
+	for _, it := range st.queue {
+		queued[it.ordinal] = it.sha
+	}
+	for o, h := range held {
+		if o < st.acked.Ordinal {
+			continue // a late copy of a line before the frontier
+		}
+		if sha, ok := queued[o]; ok && sha == h.sha {
+			continue
+		}
+		if hl, ok := st.held[o]; ok && hl.sha == h.sha {
+			continue // published before a restart, not read again yet
+		}
+		return true
+	}
+	return false
+}
+
+// takeOver gives up st's generation to the writer that extended it: the lines queued
+// for it are dropped (the frontier stays where it is) and the file is reopened, which
+// compares it with the mirror and mirrors it as a new generation. The caller holds
+// st.mu; takeOver releases it.
+func (p *Publisher) takeOver(st *fileState) {
+	st.takenOver = true
+	var released int64
+	slots := 0
+	for _, it := range st.queue {
+		if it.done {
+			continue
+		}
+		released += it.weight
+		it.weight = 0
+		if it.slot {
+			it.slot = false
+			slots++
+		}
+	}
+	st.queue = nil
+	gen, key, path := st.acked.Generation, st.conv.Key, st.file.Path
+	st.mu.Unlock()
+	for range slots {
+		p.releaseSlot()
+	}
+	p.release(released)
+	p.mu.Lock()
+	p.storeGens[key] = gen
+	p.mu.Unlock()
+	p.log.Warn("another writer (the session store) extends the generation this file was mirrored into; "+
+		"its new lines go to a new generation", zap.String("path", path), zap.String("conversation", key), zap.Int("generation", gen))
+	if p.opts.Reopen != nil {
+		p.opts.Reopen(path)
+	}
+}
+
+// storeWrites reports whether the session store writes generation gen of st's
+// conversation: from what the daemon learnt, else from the head (one read, made only
+// when the file and the mirror differ in length).
+func (p *Publisher) storeWrites(ctx context.Context, st *fileState, gen int) (bool, error) {
+	if g := p.storeGenOf(st.conv.Key); g != 0 {
+		st.storeGen = g
+		return g == gen, nil
+	}
+	h, _, err := p.reader.Head(ctx, st.conv)
+	switch {
+	case errors.Is(err, mirror.ErrNotFound), errors.Is(err, mirror.ErrBadHead):
+		return false, nil
+	case err != nil:
+		return false, err
+	case !h.StoreWrites():
+		return false, nil
+	}
+	p.mu.Lock()
+	p.storeGens[st.conv.Key] = h.Generation
+	p.mu.Unlock()
+	st.storeGen = h.Generation
+	return h.Generation == gen, nil
+}
+
+// putHead writes a file's head; for a conversation the session store writes, only the
+// head's Local part (see mirror.Writer.PutLocal). A head found to be the store's is
+// recorded as such and written as Local at once.
+func (p *Publisher) putHead(ctx context.Context, st *fileState, c mirror.Conv, h mirror.Head, storeGen int) error {
+	if storeGen == 0 {
+		err := p.writer.PutHead(ctx, c, h)
+		var sw *mirror.StoreWritesError
+		if !errors.As(err, &sw) {
+			return err
+		}
+		p.noteStoreGen(st, sw.Head.Generation)
+		if sw.Head.Generation == h.Generation {
+			return nil // the file's lines are the store's first ones: nothing of its own
+		}
+		p.log.Info("the session store writes this conversation; the local file's generation is recorded apart",
+			zap.String("conversation", c.Key), zap.Int("store_generation", sw.Head.Generation), zap.Int("generation", h.Generation))
+	}
+	err := p.writer.PutLocal(ctx, c, mirror.LocalCopy{Host: h.Host, Root: h.Root, Source: h.Source,
+		Generation: h.Generation, Entries: h.Entries, LastSeq: h.LastSeq, Bytes: h.Bytes, UpdatedAt: h.UpdatedAt})
+	if errors.Is(err, mirror.ErrNotFound) {
+		return nil // deleted through the store: nothing to record it in
+	}
+	return err
+}
+
+// sendNext sends the line waiting at the front of a live file's queue, now that the one
+// before it resolved: fenced on it (see fence).
+func (p *Publisher) sendNext(st *fileState) {
+	st.mu.Lock()
+	if len(st.queue) == 0 || !st.queue[0].waiting || st.failed || st.resyncing != nil {
+		st.mu.Unlock()
+		return
+	}
+	it := st.queue[0]
+	it.waiting = false
+	st.mu.Unlock()
+	_ = p.send(p.runCtx, st, it) // an error means the publisher is closing: sent at the next start
+}
