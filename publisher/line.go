@@ -496,6 +496,13 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 			p.endResync(st)
 			return
 		case <-time.After(pause):
+		case <-p.back.wait():
+			// The pause grew while the cluster was unreachable; it is over now. The
+			// reconnections of a fleet are spread (natsconn.Backoff) and the questions
+			// bounded (maxResyncs): waking now costs the cluster no storm.
+			st.mu.Lock()
+			bo.reset()
+			st.mu.Unlock()
 		}
 		st.mu.Lock()
 		busy := false
@@ -549,6 +556,11 @@ const maxResyncs = 4
 
 // resendUnheld is one reconciliation attempt.
 func (p *Publisher) resendUnheld(st *fileState) error {
+	if !p.connected() {
+		// A question asked now would wait out its whole timeout holding a slot: wait for
+		// the connection instead (connBack wakes us).
+		return nats.ErrConnectionReconnecting
+	}
 	if err := p.resyncs.Acquire(p.runCtx, 1); err != nil {
 		return err // closing
 	}

@@ -69,6 +69,7 @@ type Publisher struct {
 	window  *semaphore.Weighted // bytes in flight
 	slots   *semaphore.Weighted // messages in flight
 	resyncs *semaphore.Weighted // reconciliations asking the mirror (maxResyncs)
+	back    connBack            // wakes the reconciliations waiting out an outage
 	acks    chan pending        // publish order
 	wg      sync.WaitGroup
 	runCtx  context.Context
@@ -178,6 +179,10 @@ func (p *Publisher) Start() {
 	go p.collectAcks()
 	go p.commitLoop()
 	go p.headLoop()
+	if nc := p.opts.JS.Conn(); nc != nil {
+		p.wg.Add(1)
+		go p.back.watch(p.runCtx, &p.wg, nc)
+	}
 }
 
 // Close drains: it waits (until ctx ends) for the lines in flight to be acknowledged, then
