@@ -78,3 +78,17 @@ torture:
 		-torture.race \
 		$(if $(SEED),-torture.seed=$(SEED) -torture.ops=$(OPS),-torture.duration=$(TORTURE_DURATION) -torture.record=$(TORTURE_RECORD)) \
 		-torture.exclude=$(EXCLUDE) $(TORTURE_FLAGS)
+
+# The fleet simulator by hand (bench/fleet, docs/capacity.md): FLEET_N daemons in one
+# process against a 3-node R3 cluster; steady state, an outage of the whole cluster of
+# FLEET_OUTAGE, then every daemon restarted at once. Idle hosts hold 100 to
+# FLEET_MAX_FILES sessions. `make fleet-smoke`: 5 hosts, a short outage (about 30 s).
+FLEET_N ?= 200
+FLEET_OUTAGE ?= 60s
+FLEET_MAX_FILES ?= 5000
+.PHONY: fleet fleet-smoke
+fleet-smoke:
+	PISYNC_FLEET_SMOKE=1 $(GO) test ./bench/fleet -run '^TestFleetSmoke$$' -count=1 -v
+fleet:
+	PISYNC_FLEET=$(FLEET_N) PISYNC_FLEET_OUTAGE=$(FLEET_OUTAGE) PISYNC_FLEET_MAX_FILES=$(FLEET_MAX_FILES) \
+		$(GO) test ./bench/fleet -run '^TestFleet$$' -count=1 -timeout 0 -v
