@@ -41,7 +41,7 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 	}
 	gen, last := st.gen, st.genSeq
 	st.mu.Unlock()
-	msgs, e := s.readGen(ctx, src, gen, last)
+	msgs, e := s.readGen(ctx, src, gen, last, snapshotOrigin{})
 	if e != nil {
 		return Meta{}, e
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
@@ -63,14 +65,21 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	}
 	s.repairHead(ctx, st)
 	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.head), Generation: st.gen, LastSeq: st.genSeq}
-	if read != nil {
-		s.opened.put(snapshotKey(c, st.gen, st.genSeq), snapshotOf(read, st.gen, st.genSeq))
+	of := snapshotOrigin{conv: c.HeadKey(), gen: st.gen, headerSeq: st.headerSeq, last: st.genSeq}
+	if req.Generation == 0 {
+		key := snapshotKey(c, st.gen, st.genSeq)
+		if read != nil {
+			s.opened.put(key, snapshotOf(read, st.gen, st.genSeq), of)
+		} else if _, ok := s.opened.get(key); !ok {
+			s.extendSnapshot(ctx, c, key, of)
+		}
 	}
 	st.mu.Unlock()
 	if req.Generation != 0 {
 		rep.Generation, rep.LastSeq = req.Generation, req.LastSeq
+		of = snapshotOrigin{} // a continuation: the snapshot it names is not the newest
 	}
-	msgs, e := s.readGen(ctx, c, rep.Generation, rep.LastSeq)
+	msgs, e := s.readGen(ctx, c, rep.Generation, rep.LastSeq, of)
 	if e != nil {
 		return OpenReply{}, e
 	}
@@ -152,7 +161,7 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 	if err != nil || req.Generation <= 0 {
 		return PartReply{}, errorf(CodeInvalid, "a part request names the conversation, generation and lastSeq of an open reply")
 	}
-	msgs, e := s.readGen(ctx, c, req.Generation, req.LastSeq)
+	msgs, e := s.readGen(ctx, c, req.Generation, req.LastSeq, snapshotOrigin{})
 	if e != nil {
 		return PartReply{}, e
 	}
@@ -180,7 +189,7 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 
 // readGen reads generation gen of c up to stream sequence last, in ordinal order. The
 // continuations of one open read the same snapshot, so a replica keeps the last few.
-func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64) ([]mirror.Msg, *Error) {
+func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64, of snapshotOrigin) ([]mirror.Msg, *Error) {
 	key := snapshotKey(c, gen, last)
 	if msgs, ok := s.opened.get(key); ok {
 		return msgs, nil
@@ -198,8 +207,33 @@ func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64
 			msgs = append(msgs, m)
 		}
 	}
-	s.opened.put(key, msgs)
+	s.opened.put(key, msgs, of)
 	return msgs, nil
+}
+
+// extendSnapshot makes the snapshot of generation of.gen up to of.last from the newest one
+// kept of that generation, reading from the stream only the messages that follow it: an
+// open on a replica that served the conversation a moment ago (and has appended to it
+// since) costs the new entries, not the whole conversation. Without such a snapshot, or
+// on an error, it keeps nothing and readGen reads the generation whole.
+func (s *Store) extendSnapshot(ctx context.Context, c mirror.Conv, key string, of snapshotOrigin) {
+	base, last, ok := s.opened.base(of.conv, of.gen, of.headerSeq)
+	if !ok || last >= of.last {
+		return
+	}
+	msgs := slices.Clone(base) // continuations of an earlier open may still read base
+	err := s.handles(c.Owner).reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: last + 1}, func(m mirror.Msg) error {
+		if m.Generation == of.gen && m.Seq <= of.last {
+			msgs = append(msgs, m)
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Debug("open: snapshot not extended", zap.String("conversation", c.Key), zap.Error(err))
+		return
+	}
+	msgs, _ = mirror.OrderByOrdinal(msgs)
+	s.opened.put(key, msgs, of)
 }
 
 // snapshotKey names the snapshot of generation gen of c up to stream sequence last.
@@ -218,58 +252,6 @@ func snapshotOf(msgs []mirror.Msg, gen int, last uint64) []mirror.Msg {
 	}
 	kept, _ = mirror.OrderByOrdinal(kept)
 	return kept
-}
-
-// openCache keeps the generations recently read by open, bounded in bytes.
-type openCache struct {
-	mu    sync.Mutex
-	max   int64
-	size  int64
-	items map[string]openItem
-}
-
-type openItem struct {
-	msgs  []mirror.Msg
-	bytes int64
-	at    time.Time
-}
-
-func newOpenCache(max int64) *openCache { return &openCache{max: max, items: map[string]openItem{}} }
-
-func (oc *openCache) get(key string) ([]mirror.Msg, bool) {
-	oc.mu.Lock()
-	defer oc.mu.Unlock()
-	it, ok := oc.items[key]
-	if ok && time.Since(it.at) > time.Minute {
-		delete(oc.items, key)
-		oc.size -= it.bytes
-		return nil, false
-	}
-	return it.msgs, ok
-}
-
-func (oc *openCache) put(key string, msgs []mirror.Msg) {
-	var n int64
-	for _, m := range msgs {
-		n += int64(len(m.Data)) + 200
-	}
-	if n > oc.max/4 {
-		return
-	}
-	oc.mu.Lock()
-	defer oc.mu.Unlock()
-	for oc.size+n > oc.max && len(oc.items) > 0 {
-		oldest := ""
-		for k, it := range oc.items {
-			if oldest == "" || it.at.Before(oc.items[oldest].at) {
-				oldest = k
-			}
-		}
-		oc.size -= oc.items[oldest].bytes
-		delete(oc.items, oldest)
-	}
-	oc.items[key] = openItem{msgs: msgs, bytes: n, at: time.Now()}
-	oc.size += n
 }
 
 // listPage is the most conversations one list reply holds.

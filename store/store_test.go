@@ -450,3 +450,31 @@ func TestContinueMirroredConversation(t *testing.T) {
 		t.Fatalf("head %+v", h)
 	}
 }
+
+// TestOpenSeesEveryAppend: opens on a replica that has served the conversation before
+// (which reads only what came after the last snapshot it kept) see exactly the entries
+// appended since, in order; once it is deleted, none.
+func TestOpenSeesEveryAppend(t *testing.T) {
+	e := newEnv(t, 1, store.Options{})
+	e.create("alice", "conv1")
+	head := ""
+	var want []string
+	for round, n := range []int{3, 1, 0, 5, 2} {
+		for i := 0; i < n; i++ {
+			id := fmt.Sprintf("r%di%05d", round, i)
+			l := entryLine(id, head, fmt.Sprintf("round %d entry %d", round, i))
+			e.mustAppend("alice", "conv1", head, l)
+			want, head = append(want, l), id
+		}
+		r, got := e.openAll("alice", "conv1")
+		if !r.OK || strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("round %d: open read %d entries, want %d: %+v", round, len(got), len(want), r.Error)
+		}
+	}
+	if r := e.req("alice", "delete", map[string]any{"id": "conv1"}); !r.OK {
+		t.Fatalf("delete: %+v", r.Error)
+	}
+	if r := e.req("alice", "open", map[string]any{"id": "conv1"}); r.code() != "not_found" {
+		t.Fatalf("open after delete: %s, want not_found", r.code())
+	}
+}
