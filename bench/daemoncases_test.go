@@ -74,8 +74,8 @@ func runIdle(tb testing.TB, files, entries int, dur time.Duration, passes int, e
 		d.waitVerified(tb, passes, files, 10*time.Minute)
 	}
 	// The back-fill's aftermath settles first: heads and checkpoints written (within a
-	// second), the heap collected and returned (once the daemon has been quiet for 12 s,
-	// over three collections 2 s apart: cmd/pisync/memory.go).
+	// second), the heap collected and returned (once the daemon has been quiet for 2 s, and
+	// again after 12 s, when the embedded server's caches have expired: cmd/pisync/memory.go).
 	time.Sleep(min(30*time.Second, dur))
 	s0 := d.stat(tb)
 	load := startLoad()
