@@ -38,15 +38,8 @@ func TestRoundTrip(t *testing.T) {
 		roots = append(roots, filepath.Join(dir, "harness"), filepath.Join(dir, "cli", "sessions"))
 	}
 
-	// file is one session file of the tree: a name for the subtest, and Pi's loader for it.
-	type file struct {
-		name, path, loader string
-		v1                 bool // a version-1 file: Pi gives its entries random ids on each open
-	}
-	var files []file
-	add := func(phase string, s pitest.Scenario) {
-		files = append(files, file{name: phase + "/" + s.Name, path: s.Path, loader: s.Loader(), v1: s.Format == "cli-v1"})
-	}
+	var files []piFile
+	add := func(phase string, s pitest.Scenario) { files = append(files, scenarioFile(phase, s)) }
 	var appendTo string
 	for _, s := range pi.WriteScenarios(t, before) {
 		add("before", s)
@@ -67,12 +60,31 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("live append to %s: events %+v", appendTo, ev)
 	}
 	ev := large.Wait(t)
-	files = append(files, file{name: "during/live-large-lines", path: ev[0].Path, loader: "harness"})
+	files = append(files, piFile{name: "during/live-large-lines", path: ev[0].Path, loader: "harness"})
 	sw.lap("Pi wrote while the daemon ran")
 	mc.waitMirrored(t, roots...)
 	sw.lap("mirrored")
 	d.stop(t)
 
+	recoverAndCompare(t, sw, pi, srv.URL(), []string{before, during}, roots, files)
+}
+
+// piFile is one session file Pi wrote: a name for the subtest, and Pi's loader for it.
+type piFile struct {
+	name, path, loader string
+	v1                 bool // a version-1 file: Pi gives its entries random ids on each open
+}
+
+func scenarioFile(phase string, s pitest.Scenario) piFile {
+	return piFile{name: phase + "/" + s.Name, path: s.Path, loader: s.Loader(), v1: s.Format == "cli-v1"}
+}
+
+// recoverAndCompare takes files (every session file under roots, mirrored, the daemon
+// stopped): Pi dumps them, dirs are deleted, `pisync recover --all` rebuilds them, and
+// every file must come back byte for byte, with a complete report, and read by Pi as
+// the original was; `pisync verify` then agrees.
+func recoverAndCompare(t *testing.T, sw *stopwatch, pi *pitest.Helper, url string, dirs, roots []string, files []piFile) {
+	t.Helper()
 	if got := sessionFiles(t, roots...); len(got) != len(files) {
 		t.Fatalf("Pi wrote %d session files, the test knows %d: %v", len(got), len(files), got)
 	}
@@ -97,12 +109,12 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 
-	for _, dir := range []string{before, during} {
+	for _, dir := range dirs {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
 	}
-	doc := recoverJSON(t, srv.URL(), append([]string{"--all"}, rootArgs(roots...)...)...)
+	doc := recoverJSON(t, url, append([]string{"--all"}, rootArgs(roots...)...)...)
 	sw.lap("recovered")
 	if len(doc.Conversations) != len(files) {
 		t.Errorf("recover --all rebuilt %d conversations, Pi wrote %d", len(doc.Conversations), len(files))
@@ -139,7 +151,7 @@ func TestRoundTrip(t *testing.T) {
 		})
 	}
 
-	verifyArgs := append([]string{"verify", "--nats", srv.URL(), "--tenant", tenant, "--owner", owner, "--json"}, rootArgs(roots...)...)
+	verifyArgs := append([]string{"verify", "--nats", url, "--tenant", tenant, "--owner", owner, "--json"}, rootArgs(roots...)...)
 	if out, errOut, code := pisync(t, verifyArgs...); code != 0 {
 		var doc struct {
 			Files []struct {

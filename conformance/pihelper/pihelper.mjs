@@ -22,10 +22,21 @@ const env = new NodeExecutionEnv({ cwd: process.cwd() });
 // `exports` map hides dist/core, so we import the session manager module by URL.
 // That module itself only needs Node 20. Loaded lazily: harness commands must
 // keep working even if a future coding-agent release breaks this route.
-let cliModule;
-async function loadCli() {
-  cliModule ??= await import(new URL("./core/session-manager.js", import.meta.resolve("@earendil-works/pi-coding-agent")));
-  return cliModule;
+//
+// Loaders: "cli" is the current coding-agent; "cli-0.73" is
+// @mariozechner/pi-coding-agent 0.73.1, the most-installed CLI release, so that
+// files written and read by the Pi that most users run are checked too.
+const CLI_PACKAGES = { cli: "@earendil-works/pi-coding-agent", "cli-0.73": "@mariozechner/pi-coding-agent" };
+const LOADERS = ["harness", ...Object.keys(CLI_PACKAGES)];
+const cliModules = {};
+async function loadCli(loader = "cli") {
+  cliModules[loader] ??= await import(new URL("./core/session-manager.js", import.meta.resolve(CLI_PACKAGES[loader])));
+  return cliModules[loader];
+}
+
+function checkLoader(v) {
+  if (!LOADERS.includes(v)) throw new UsageError(`--loader must be one of ${LOADERS.join(", ")}, got ${JSON.stringify(v)}`);
+  return v;
 }
 
 class UsageError extends Error {}
@@ -226,6 +237,60 @@ async function writeScenarios(rootDir) {
 }
 
 // ---------------------------------------------------------------------------
+// write-cli073 / append-cli073: sessions written by @mariozechner/pi-coding-agent
+// 0.73.1 with its own SessionManager (it has no usage or context_edit entries).
+
+async function writeCli073(agentDir) {
+  const { SessionManager, getDefaultSessionDir } = await loadCli("cli-0.73");
+  const root = resolve(agentDir);
+  const sessionsRoot = join(root, "sessions");
+  const item = (name, path, conversationId, extra = {}) =>
+    ({ name, api: "cli-0.73", format: "cli-v3", path, sessionsRoot, conversationId, ...extra });
+  const out = [];
+
+  const sm = SessionManager.create("/home/dev/eta", getDefaultSessionDir("/home/dev/eta", root));
+  sm.appendModelChange("anthropic", "claude-sonnet-4-5");
+  sm.appendThinkingLevelChange("medium");
+  const u1 = sm.appendMessage(user("Which tests are slow?"));
+  sm.appendMessage(assistant([{ type: "text", text: "Timing them." }, toolCall("call_t", "bash", { command: "go test -json ./..." })]));
+  sm.appendMessage(toolResult("call_t", "bash", "ok  demo/slow 4.20s\nok  demo/fast 0.01s\n"));
+  const a2 = sm.appendMessage(assistant("demo/slow takes 4.2 s."));
+  sm.appendSessionInfo("Slow tests");
+  sm.appendLabelChange(u1, "question");
+  sm.appendCustomEntry("pisync-test/state", { step: 1 });
+  sm.appendCustomMessageEntry("pisync-test/notice", "Benchmarks run nightly.", true, { source: "ci" });
+  sm.branch(u1); // in-memory only: the CLI writes no leaf record
+  sm.appendMessage(assistant("Alternative answer: none is slow."));
+  sm.branchWithSummary(a2, "Tried an answer claiming no slow test.");
+  const u3 = sm.appendMessage(user("Speed demo/slow up."));
+  sm.appendMessage(assistant("Replaced the sleep with a fake clock: 0.02 s.", { provider: "openai", model: "gpt-5" }));
+  sm.appendModelChange("openai", "gpt-5");
+  sm.appendCompaction("Found demo/slow and sped it up.", u3, 12000);
+  sm.appendMessage(user("Thanks."));
+  sm.appendMessage(assistant("You're welcome.", { provider: "openai", model: "gpt-5" }));
+  out.push(item("cli073-basic", sm.getSessionFile(), sm.getSessionId()));
+
+  // /fork-style extraction of one branch, and a copy into another project.
+  const src = SessionManager.open(sm.getSessionFile());
+  out.push(item("cli073-branched", src.createBranchedSession(a2), src.getSessionId(), { forkOf: sm.getSessionId() }));
+  const forked = SessionManager.forkFrom(sm.getSessionFile(), "/home/dev/theta", getDefaultSessionDir("/home/dev/theta", root));
+  out.push(item("cli073-fork-from", forked.getSessionFile(), forked.getSessionId(), { forkOf: sm.getSessionId() }));
+  return out;
+}
+
+// appendCli073 opens an existing session with 0.73.1's SessionManager (as `pi
+// --continue` does) and appends a user message and a reply count times.
+async function appendCli073(path, count) {
+  const { SessionManager } = await loadCli("cli-0.73");
+  const sm = SessionManager.open(resolve(path));
+  for (let i = 1; i <= count; i++) {
+    sm.appendMessage(user(`Follow-up ${i}.`));
+    sm.appendMessage(assistant(`Answer ${i}.`));
+  }
+  return { path: sm.getSessionFile(), conversationId: sm.getSessionId(), entries: sm.getEntries().length };
+}
+
+// ---------------------------------------------------------------------------
 // write-v1 / migrate
 
 // Pi's version-1 format (coding-agent before tree sessions): the header has no
@@ -351,9 +416,9 @@ async function dumpHarness(path) {
   };
 }
 
-async function dumpCli(path) {
+async function dumpCli(path, loader = "cli") {
   const abs = resolve(path);
-  const { SessionManager } = await loadCli();
+  const { SessionManager } = await loadCli(loader);
   // SessionManager.open writes to the file it opens (v1/v2 migration, a
   // newline after a torn last line), so it opens a private copy: dump never
   // changes the file under test.
@@ -370,7 +435,7 @@ async function dumpCli(path) {
     const entries = sm.getEntries();
     const ctx = sm.buildSessionContext();
     return {
-      loader: "cli",
+      loader,
       header: sm.getHeader(),
       sessionName: sm.getSessionName() ?? null,
       labels: await labelsOf(entries, (id) => sm.getLabel(id)),
@@ -386,6 +451,10 @@ async function dumpCli(path) {
   }
 }
 
+function dumpWith(loader, path) {
+  return loader === "harness" ? dumpHarness(path) : dumpCli(path, loader);
+}
+
 // dump-many: every path loaded in this one process (a Node start costs about a
 // second), each with its own loader. A file Pi refuses does not stop the others:
 // its value is {"error": "<Pi's message>"}, and the exit code is 1.
@@ -394,7 +463,7 @@ async function dumpMany(requests) {
   let failed = false;
   for (const { path, loader } of requests) {
     try {
-      out[path] = { dump: await (loader === "cli" ? dumpCli(path) : dumpHarness(path)) };
+      out[path] = { dump: await dumpWith(loader, path) };
     } catch (err) {
       out[path] = { error: String(err?.message ?? err) };
       failed = true;
@@ -414,8 +483,7 @@ function parseDumpMany(args) {
       const [name, inline] = arg.slice(2).split(/=(.*)/s);
       if (name !== "loader") throw new UsageError(`unknown flag --${name}`);
       const value = inline ?? args[++i];
-      if (value !== "harness" && value !== "cli") throw new UsageError(`--loader must be harness or cli, got ${JSON.stringify(value)}`);
-      loader = value;
+      loader = checkLoader(value);
       continue;
     }
     if (seen.has(arg)) throw new UsageError(`path given twice: ${arg}`);
@@ -517,9 +585,12 @@ const USAGE = `usage: pihelper.mjs <command> ...
   live <path> [--count N] [--interval-ms M] [--cwd DIR] [--bytes N]
                                    append N messages to a harness session, one JSON line each;
                                    <path> is a .jsonl file (opened or created) or a sessions root
-  dump <path> [--loader harness|cli]
+  write-cli073 <agentDir>          write sessions with @mariozechner/pi-coding-agent 0.73.1 under
+                                   <agentDir>/sessions; prints the manifest (api cli-0.73)
+  append-cli073 <path> [--count N] open <path> with 0.73.1's SessionManager, append N exchanges
+  dump <path> [--loader harness|cli|cli-0.73]
                                    load <path> with Pi and print a canonical JSON dump
-  dump-many [--loader harness|cli] <path>... [--loader L <path>...]
+  dump-many [--loader harness|cli|cli-0.73] <path>... [--loader L <path>...]
                                    dump several files in one process: a JSON object keyed by
                                    path, {"dump": ...} or {"error": ...}; --loader applies to
                                    the paths after it`;
@@ -537,6 +608,17 @@ async function main(argv) {
       const root = resolve(one(positional, "<rootDir>"));
       const items = await writeScenarios(root);
       emit(items.map((item) => ({ ...item, relPath: relative(item.sessionsRoot, item.path) })));
+      return;
+    }
+    case "write-cli073": {
+      const { positional } = parseFlags(args, {});
+      const items = await writeCli073(one(positional, "<agentDir>"));
+      emit(items.map((item) => ({ ...item, relPath: relative(item.sessionsRoot, item.path) })));
+      return;
+    }
+    case "append-cli073": {
+      const { flags, positional } = parseFlags(args, { count: nonNegativeInt });
+      emit(await appendCli073(one(positional, "<path>"), flags.count ?? 2));
       return;
     }
     case "write-v1": {
@@ -560,14 +642,8 @@ async function main(argv) {
       return;
     }
     case "dump": {
-      const { flags, positional } = parseFlags(args, {
-        loader: (v) => {
-          if (v !== "harness" && v !== "cli") throw new UsageError(`--loader must be harness or cli, got ${JSON.stringify(v)}`);
-          return v;
-        },
-      });
-      const path = one(positional, "<path>");
-      emit(await ((flags.loader ?? "harness") === "cli" ? dumpCli(path) : dumpHarness(path)));
+      const { flags, positional } = parseFlags(args, { loader: checkLoader });
+      emit(await dumpWith(flags.loader ?? "harness", one(positional, "<path>")));
       return;
     }
     case "dump-many": {

@@ -239,3 +239,25 @@ test("a malformed or missing file is refused with Pi's message", async () => {
   assert.equal((await run("dump", join(dir, "missing.jsonl"))).code, 1);
   assert.equal((await run("dump")).code, 2, "usage error");
 });
+
+test("pi-coding-agent 0.73.1: its sessions read alike in 0.73.1 and the current CLI; append-cli073 only appends", async () => {
+  const items = await runJSON("write-cli073", join(dir, "cli073"));
+  assert.deepEqual(items.map((m) => m.name), ["cli073-basic", "cli073-branched", "cli073-fork-from"]);
+  for (const item of items) {
+    assert.equal(item.api, "cli-0.73", item.name);
+    assert.equal(item.sessionsRoot, join(dir, "cli073", "sessions"), item.name);
+    const old = await runJSON("dump", item.path, "--loader", "cli-0.73");
+    const cur = await runJSON("dump", item.path, "--loader", "cli");
+    assert.equal(old.loader, "cli-0.73");
+    assert.deepEqual(old.entries, cur.entries, item.name);
+    assert.equal(old.leafId, cur.leafId, item.name);
+    assert.deepEqual(old.context.messages, cur.context.messages, item.name);
+  }
+  const basic = items[0].path;
+  const before = await readFile(basic);
+  const r = await runJSON("append-cli073", basic, "--count", "2");
+  const after = await readFile(basic);
+  assert.equal(r.path, basic);
+  assert.ok(after.subarray(0, before.length).equals(before), "the file was rewritten, not appended to");
+  assert.equal(after.toString().trimEnd().split("\n").length - before.toString().trimEnd().split("\n").length, 4);
+});

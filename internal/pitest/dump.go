@@ -96,7 +96,7 @@ func DecodeDump(b []byte) (*Dump, error) {
 	return d, nil
 }
 
-// DumpFile loads path with Pi (loader harness or cli) and returns its dump; a file Pi
+// DumpFile loads path with Pi (loader harness, cli or Cli073) and returns its dump; a file Pi
 // refuses fails t with Pi's message.
 func (h *Helper) DumpFile(t testing.TB, path, loader string) *Dump {
 	t.Helper()
@@ -116,7 +116,7 @@ func (h *Helper) DumpFile(t testing.TB, path, loader string) *Dump {
 // DumpRequest names a file and the loader to read it with.
 type DumpRequest struct {
 	Path   string
-	Loader string // harness or cli
+	Loader string // harness, cli or Cli073
 }
 
 // DumpResult is one file of DumpMany: its dump, or Pi's reason for refusing it.
@@ -135,7 +135,7 @@ func (h *Helper) DumpMany(t testing.TB, reqs []DumpRequest) map[string]DumpResul
 		byLoader[r.Loader] = append(byLoader[r.Loader], r.Path)
 	}
 	args := []string{"dump-many"}
-	for _, loader := range []string{"harness", "cli"} {
+	for _, loader := range []string{"harness", "cli", Cli073} {
 		if len(byLoader[loader]) > 0 {
 			args = append(append(args, "--loader", loader), byLoader[loader]...)
 		}

@@ -280,12 +280,40 @@ type Scenario struct {
 // that hold `leaf` entries, so harness files are read with the harness loader.
 func (s Scenario) Loader() string { return LoaderFor(s.API) }
 
-// LoaderFor maps a scenario's api to its dump loader.
+// LoaderFor maps a scenario's api to its dump loader: "cli" (the current coding-agent),
+// "cli-0.73" (@mariozechner/pi-coding-agent 0.73.1), else "harness".
 func LoaderFor(api string) string {
-	if api == "cli" {
-		return "cli"
+	switch api {
+	case "cli", Cli073:
+		return api
 	}
 	return "harness"
+}
+
+// Cli073 is the api and loader of sessions written and read by
+// @mariozechner/pi-coding-agent 0.73.1, the most-installed CLI release.
+const Cli073 = "cli-0.73"
+
+// WriteCli073 has pi-coding-agent 0.73.1 write its scenarios under agentDir/sessions (Pi's
+// layout: one directory per cwd).
+func (h *Helper) WriteCli073(t testing.TB, agentDir string) []Scenario {
+	t.Helper()
+	var items []Scenario
+	h.JSON(t, &items, "write-cli073", agentDir)
+	return items
+}
+
+// AppendCli073 opens the session at path with pi-coding-agent 0.73.1's SessionManager, as
+// `pi --continue` does, and appends count exchanges (a user message and a reply each).
+func (h *Helper) AppendCli073(t testing.TB, path string, count int) {
+	t.Helper()
+	var out struct {
+		Path string `json:"path"`
+	}
+	h.JSON(t, &out, "append-cli073", path, "--count", strconv.Itoa(count))
+	if out.Path != path {
+		t.Fatalf("append-cli073 appended to %s, not %s", out.Path, path)
+	}
 }
 
 // WriteScenarios has Pi write the scenario tree under dir (see the helper's README).
