@@ -382,8 +382,9 @@ func (p *Publisher) settle(st *fileState, it *item) {
 
 // fail marks st for reconciliation and starts it unless it is running. A refusal for
 // lack of room in the cluster (sent in epoch) is back-pressure: counted by reason, never
-// quarantined, and held at the gate with every other publish of the host. A fenced line
-// refused is not a failure: another writer's line is on the subject (onewriter.go).
+// quarantined, reported, and held at the gate with every other publish of the host. A
+// fenced line refused is not a failure: another writer's line is on the subject
+// (onewriter.go).
 func (p *Publisher) fail(st *fileState, err error, epoch uint64) {
 	if !fenced(err) {
 		p.m.failures.WithLabelValues(failureReason(err)).Inc()
@@ -397,7 +398,7 @@ func (p *Publisher) fail(st *fileState, err error, epoch uint64) {
 	}
 	st.mu.Lock()
 	st.failed = true
-	st.pressured = hostWide(reason)
+	st.pressured = holdsHost(reason)
 	start := st.resyncing == nil
 	if start {
 		st.resyncing = make(chan struct{})
@@ -582,6 +583,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		st.mu.Unlock()
 		return err
 	}
+	p.gate.answered()
 	st.mu.Lock()
 	st.fenceSeq = max(st.fenceSeq, last)
 	if foreign(st, held) {

@@ -122,7 +122,7 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		probePause: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_backpressure_pause_seconds",
-			Help: "Pause between probes of the cluster while it pushes back, growing while they are refused (0 when publishing flows).",
+			Help: "Pause between probes of the cluster while it has no room, growing while they are refused (0 when publishing flows, or the acknowledgements are only slow).",
 		}),
 		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_head_updates_total",

@@ -16,11 +16,16 @@ import (
 // Back-pressure from the cluster. A stream or account at its limit (discard new), a
 // server short of storage, or acknowledgements slower than the ack timeout are not the
 // line's fault: they refuse every line alike and go away when the cluster has room
-// again. Such a refusal never quarantines a line. The whole host slows down instead:
-// new publishes wait at a gate, one probe goes through per pause, the pause grows
+// again. Such a refusal never quarantines a line. Every refused line is resent with its
+// message id by its file's reconciliation, so nothing is lost or stored twice.
+//
+// A full cluster stores nothing until it has room: the whole host slows down. New
+// publishes wait at a gate, one probe goes through per pause, the pause grows
 // (retryBackoff) while the probes are refused, and the first probe acknowledged opens
-// the gate for everyone. Every refused line is resent with its message id by its
-// file's reconciliation, so nothing is lost or stored twice.
+// the gate for everyone. Slow acknowledgements are reported the same way but hold
+// nothing back beyond the files that timed out (each on its own backoff, as any
+// failure): the cluster is storing, only late, and one probe per pause would turn an
+// election of a few seconds into minutes of a trickle.
 
 // The reasons of back-pressure (the reason label of the metrics).
 const (
@@ -75,11 +80,17 @@ func clusterPressure(err error, connected bool) string {
 	return ""
 }
 
-// hostWide reports whether a reason holds back every line of the host, not only those
-// of one conversation: a conversation at its per-subject limit is retried on its own
-// file's backoff and does not stop the others.
+// hostWide reports whether a reason concerns the whole host, not only one conversation:
+// a conversation at its per-subject limit is retried on its own file's backoff, and
+// neither reported as the host's back-pressure nor stops the others.
 func hostWide(reason string) bool {
 	return reason != "" && reason != pressureMaxMsgsSubject
+}
+
+// holdsHost reports whether a reason closes the gate: the cluster stores nothing more
+// until it has room (see above for slow acknowledgements).
+func holdsHost(reason string) bool {
+	return hostWide(reason) && reason != pressureSlowAcks
 }
 
 // Backpressure is the cluster's back-pressure as the status page shows it.
@@ -88,7 +99,7 @@ type Backpressure struct {
 	Reason       string     `json:"reason,omitempty"`
 	Error        string     `json:"error,omitempty"` // the server's last refusal
 	Since        *time.Time `json:"since,omitempty"`
-	PauseSeconds float64    `json:"pause_seconds"` // between probes, growing while they are refused
+	PauseSeconds float64    `json:"pause_seconds"` // between probes, growing while they are refused (0: nothing held back)
 	Probes       int64      `json:"probes"`        // publishes let through to test the cluster, this episode
 	Throttled    int64      `json:"throttled"`     // publishes refused for lack of room, this episode
 	Episodes     int64      `json:"episodes"`      // since start
@@ -105,7 +116,8 @@ type gate struct {
 	m   *Metrics
 	log *zap.Logger
 
-	active atomic.Bool   // the fast path of every publish
+	active atomic.Bool   // the cluster pushes back (reported)
+	closed atomic.Bool   // and publishes wait at the gate: the fast path of every publish
 	epoch  atomic.Uint64 // read by every publish
 
 	mu      sync.Mutex
@@ -154,8 +166,14 @@ func (g *gate) refused(reason string, err error, epoch uint64) {
 		g.reason = reason
 		g.m.backpressure.WithLabelValues(reason).Set(1)
 	}
-	g.pause = g.bo.next()
-	g.until = now.Add(g.pause)
+	holds := holdsHost(reason)
+	g.closed.Store(holds)
+	if holds {
+		g.pause = g.bo.next()
+		g.until = now.Add(g.pause)
+	} else {
+		g.pause = 0
+	}
 	g.epoch.Add(1)
 	g.m.probePause.Set(g.pause.Seconds())
 	g.log.Debug("cluster still refuses; next probe after a longer pause", zap.String("reason", reason),
@@ -174,7 +192,28 @@ func (g *gate) acknowledged(epoch uint64) {
 	if !g.active.Load() || epoch != g.epoch.Load() {
 		return // an answer to a publish sent before the last refusal proves nothing
 	}
+	g.open()
+}
+
+// answered ends a report of slow acknowledgements when the mirror answers a
+// reconciliation's question in time: the lines that timed out were stored, and nothing
+// may be left to publish (hence no acknowledgement to wait for). A closed gate waits
+// for an acknowledgement: a full cluster answers questions too.
+func (g *gate) answered() {
+	if !g.active.Load() || g.closed.Load() {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.active.Load() && !g.closed.Load() {
+		g.open()
+	}
+}
+
+// open ends the back-pressure; the caller holds g.mu.
+func (g *gate) open() {
 	g.active.Store(false)
+	g.closed.Store(false)
 	g.m.backpressure.WithLabelValues(g.reason).Set(0)
 	g.m.probePause.Set(0)
 	g.log.Info("the cluster takes lines again; publishing resumes at full speed", zap.String("reason", g.reason),
@@ -193,9 +232,9 @@ func (g *gate) signal() {
 // to open, or for the end of the pause: then the caller is the probe, and the others
 // wait one more pause for its answer.
 func (g *gate) wait(ctx context.Context, closing <-chan struct{}) error {
-	for g.active.Load() {
+	for g.closed.Load() {
 		g.mu.Lock()
-		if !g.active.Load() {
+		if !g.closed.Load() {
 			g.mu.Unlock()
 			return nil
 		}
