@@ -37,15 +37,20 @@ type Record struct {
 	Format       string `json:"format"`
 	Cwd          string `json:"cwd,omitempty"`
 	Generation   int    `json:"generation"`
-	Offset       int64  `json:"offset"`   // byte offset after the last acknowledged line
-	Ordinal      int64  `json:"ordinal"`  // ordinal of the next line
-	StreamSeq    uint64 `json:"seq"`      // stream sequence of the last acknowledged line
-	LastSHA      string `json:"last_sha"` // digest of the last acknowledged line
-	LastLen      int64  `json:"last_len"` // its length without the newline
-	Leaf         string `json:"leaf"`
-	Entries      int64  `json:"entries"`
-	Bytes        int64  `json:"bytes"`
-	Deleted      bool   `json:"deleted,omitempty"`
+	// GenBase is how many messages the conversation's subject held before the first line
+	// of this generation (older generations); 0 in records of generation 1 and in those
+	// written before it was kept. With Ordinal it is what the subject holds when nothing
+	// past the checkpoint was published.
+	GenBase   uint64 `json:"gen_base,omitempty"`
+	Offset    int64  `json:"offset"`   // byte offset after the last acknowledged line
+	Ordinal   int64  `json:"ordinal"`  // ordinal of the next line
+	StreamSeq uint64 `json:"seq"`      // stream sequence of the last acknowledged line
+	LastSHA   string `json:"last_sha"` // digest of the last acknowledged line
+	LastLen   int64  `json:"last_len"` // its length without the newline
+	Leaf      string `json:"leaf"`
+	Entries   int64  `json:"entries"`
+	Bytes     int64  `json:"bytes"`
+	Deleted   bool   `json:"deleted,omitempty"`
 	// HeadSeq is the StreamSeq of the last head written to the mirror: a daemon killed
 	// after committing a checkpoint but before writing the head rewrites it at start.
 	HeadSeq   uint64    `json:"head_seq,omitempty"`

@@ -28,7 +28,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		if err != nil {
 			return err
 		}
-		newer := false
+		newer, vanished := false, false
 		if last >= st.acked.StreamSeq {
 			held, newerGen, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
 			if err != nil {
@@ -36,14 +36,31 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			}
 			st.fenceSeq = last
 			if !newerGen {
-				st.held = held
-				return nil
+				// Lines acknowledged past the checkpoint (the daemon died before
+				// committing them) must still be in the file: a file cut back since
+				// holds less than the mirror, a new generation.
+				// (The whole-file comparison below tells those from lines the session
+				// store wrote.)
+				cmp, err := compareWithMirror(st.file.Path, st.acked.Offset, st.acked.Ordinal, held)
+				if err != nil {
+					return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
+				}
+				if cmp == sameLength || cmp == longer {
+					st.held = held
+					return nil
+				}
+				vanished = true
+			} else {
+				// A generation started after the checkpoint was committed (the daemon
+				// died in between): the checkpoint's generation is over.
+				newer = true
 			}
-			// A generation started after the checkpoint was committed (the daemon died
-			// in between): the checkpoint's generation is over.
-			newer = true
 		}
-		if !newer {
+		switch {
+		case vanished:
+			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
+				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
+		case !newer:
 			// The mirror holds less than the checkpoint says it acknowledged: the stream
 			// was purged or restored from an older backup.
 			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
@@ -64,13 +81,13 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	}
 	top := nw.gen
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
-	st.acked = frontier{Generation: max(top, 1)}
+	st.acked = frontier{Generation: max(top, 1), Base: nw.msgs - nw.genMsgs}
 	if top == 0 {
 		return nil
 	}
 	st.fenceSeq = last
 	held := nw.held
-	cmp, err := compareWithMirror(st.file.Path, held)
+	cmp, err := compareWithMirror(st.file.Path, 0, 0, held)
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
@@ -88,7 +105,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		st.held = held
 		return nil
 	}
-	st.acked.Generation = top + 1
+	st.acked.Generation, st.acked.Base = top+1, nw.msgs
 	p.m.generations.Inc()
 	why := "mirrored lines changed or vanished locally; starting a new generation"
 	if store {
@@ -104,17 +121,21 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 // started) are skipped: memory holds one generation's digests, not one per generation
 // (issue 13 item 9: a file rewritten often, resumed without its state directory).
 type newest struct {
-	gen  int
-	held map[int64]heldLine
+	gen     int
+	held    map[int64]heldLine
+	msgs    uint64 // messages read, of every generation
+	genMsgs uint64 // of them, those of generation gen
 }
 
 func (n *newest) add(m mirror.Msg) {
+	n.msgs++
 	switch {
 	case m.Generation < n.gen:
 		return
 	case m.Generation > n.gen || n.held == nil:
-		n.gen, n.held = m.Generation, map[int64]heldLine{}
+		n.gen, n.held, n.genMsgs = m.Generation, map[int64]heldLine{}, 0
 	}
+	n.genMsgs++
 	if _, dup := n.held[m.Ordinal]; !dup {
 		n.held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
 	}
@@ -157,21 +178,25 @@ const (
 	shorter                      // the file holds the first mirrored lines, then ends
 )
 
-// compareWithMirror compares the file with what the mirror holds, byte for byte, by
-// ordinal. It streams the file, so memory does not grow with line size.
-func compareWithMirror(path string, held map[int64]heldLine) (comparison, error) {
+// compareWithMirror compares the file from ordinal from on (the line at byte offset off)
+// with what the mirror holds there, byte for byte, by ordinal. It streams the file, so
+// memory does not grow with line size.
+func compareWithMirror(path string, off, from int64, held map[int64]heldLine) (comparison, error) {
 	var top int64 = -1
 	for o := range held {
 		top = max(top, o)
+	}
+	if top < from {
+		return sameLength, nil // nothing mirrored from there on to compare
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		return differs, err
 	}
 	defer f.Close()
-	r := bufio.NewReaderSize(f, 256<<10)
+	r := bufio.NewReaderSize(io.NewSectionReader(f, off, 1<<62), 256<<10)
 	h := sha256.New()
-	for ord := int64(0); ; {
+	for ord := from; ; {
 		chunk, err := r.ReadSlice('\n')
 		switch {
 		case err == nil && ord > top:

@@ -57,13 +57,14 @@ func (v *startView) get(ctx context.Context, p *Publisher) (map[string]uint64, u
 // file is acknowledged and nothing past it can be in the mirror, so that the file needs no
 // question to the mirror. It holds when the file is seen at start (not reopened after a
 // change), the checkpoint's last line is still in place (verified by the caller) and the
-// file ends there: lines past the checkpoint could have been published by a daemon that
-// died before committing, lines before it cannot have changed without changing the file
-// or its identity. The mirror must still hold what the checkpoint says, which the
-// stream-wide view answers for all files at once: the stream has not gone back below the
-// checkpoint's sequence (restored from an older backup), and the conversation holds at
-// least the checkpoint's lines (not purged) — exactly them in a first generation, where
-// more would be a newer generation started by a daemon that died before its checkpoint.
+// file ends there: lines before it cannot have changed without changing the file or its
+// identity. The mirror must hold exactly what the checkpoint says, which the stream-wide
+// view answers for all files at once: the stream has not gone back below the
+// checkpoint's sequence (restored from an older backup), and the conversation holds the
+// older generations' messages (GenBase) and the checkpoint's lines, no fewer (purged) and
+// no more: more are lines a daemon published and died before committing (the file may
+// have been cut back to the checkpoint since: torture T7) or a newer generation it
+// started. Those files are compared with the mirror.
 func (p *Publisher) provenByCheckpoint(ctx context.Context, f watcher.File, why watcher.OpenReason, rec checkpoint.Record, key string) bool {
 	if why != watcher.Discovered || rec.Offset == 0 || f.Size != rec.Offset || rec.Generation == 0 || rec.StreamSeq == 0 {
 		return false
@@ -72,8 +73,10 @@ func (p *Publisher) provenByCheckpoint(ctx context.Context, f watcher.File, why 
 	if !ok || last < rec.StreamSeq {
 		return false
 	}
-	n := counts[key]
-	if n < uint64(rec.Ordinal) || (rec.Generation == 1 && n != uint64(rec.Ordinal)) {
+	if rec.Generation > 1 && rec.GenBase == 0 {
+		return false // a record written before GenBase was kept: older generations' count unknown
+	}
+	if counts[key] != rec.GenBase+uint64(rec.Ordinal) {
 		return false
 	}
 	p.m.resumeQuery.WithLabelValues("checkpoint").Inc()

@@ -94,8 +94,9 @@ type item struct {
 // whose other fields record() fills from the file's state.
 type frontier struct {
 	Generation int
-	Offset     int64 // byte offset after the last acknowledged line
-	Ordinal    int64 // ordinal of the next line
+	Base       uint64 // messages of older generations in the subject (checkpoint.Record.GenBase)
+	Offset     int64  // byte offset after the last acknowledged line
+	Ordinal    int64  // ordinal of the next line
 	StreamSeq  uint64
 	LastSHA    string // digest of the last acknowledged line
 	LastLen    int64
@@ -104,7 +105,7 @@ type frontier struct {
 }
 
 func frontierOf(r checkpoint.Record) frontier {
-	return frontier{Generation: r.Generation, Offset: r.Offset, Ordinal: r.Ordinal, StreamSeq: r.StreamSeq,
+	return frontier{Generation: r.Generation, Base: r.GenBase, Offset: r.Offset, Ordinal: r.Ordinal, StreamSeq: r.StreamSeq,
 		LastSHA: r.LastSHA, LastLen: r.LastLen, Entries: r.Entries, Bytes: r.Bytes}
 }
 
@@ -120,6 +121,7 @@ func (st *fileState) record() checkpoint.Record {
 		Format:       string(st.format),
 		Cwd:          st.cwd,
 		Generation:   a.Generation,
+		GenBase:      a.Base,
 		Offset:       a.Offset,
 		Ordinal:      a.Ordinal,
 		StreamSeq:    a.StreamSeq,
