@@ -260,14 +260,25 @@ func TestRemovalKeepsHeadOfKeyTakenOver(t *testing.T) {
 		pr := p.Progress().Roots[root]
 		return pr != nil && pr.Mirrored == 1
 	})
+	// The v3 file is written under a name the watcher ignores while the v1 file exists
+	// (so that it cannot get the v1 file's inode number), the v1 file removed, then the
+	// v3 file named: it finds the v1 file gone and takes the plain key (written while the
+	// v1 file is still there, it could be opened first and take a clash key instead),
+	// and the watcher reports the removal only after MoveGrace.
 	v3 := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
 	v3.ID = v1.ID
+	final := v3.Path
+	v3.Path += ".tmp"
 	if err := v3.Append(v3.HeaderLine("/home/dev/p"), v3.Entry(300), v3.Entry(300), v3.Entry(300)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(v1.Path); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Rename(v3.Path, final); err != nil {
+		t.Fatal(err)
+	}
+	v3.Path = final
 	v3Rel, _ := filepath.Rel(root, v3.Path)
 	c, err := p.reader.Conv(v1.ID)
 	if err != nil {
@@ -285,5 +296,98 @@ func TestRemovalKeepsHeadOfKeyTakenOver(t *testing.T) {
 	h, _, err := p.reader.Head(ctx, c)
 	if err != nil || h.Source != filepath.ToSlash(v3Rel) || h.Entries != 4 || h.LocalDeleted {
 		t.Errorf("head of %s: %+v, %v; want the v3 file's (4 lines, not deleted)", v1.ID, h, err)
+	}
+}
+
+// TestReplacementKeepsKeyOfReplacedFile (torture T3): a copy of a session mirrored under
+// its clash key, moved (its key stays), and its original deleted; the copy is then
+// replaced by an atomic rename. The replacement took the plain id, which no live file
+// held any more, so that two keys named one path and recovery restored the stale one. A
+// replacement of a file that carried the same id keeps that file's key.
+func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
+	ctx, p, _ := publisherOnServer(t)
+	rng := rand.New(rand.NewPCG(37, 39))
+	root := t.TempDir()
+	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300), orig.Entry(400)); err != nil {
+		t.Fatal(err)
+	}
+	stop, _ := startWatcher(t, ctx, p, root)
+	defer stop()
+	mirrored := func(n int) func() bool {
+		return func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == n && pr.Pending == 0
+		}
+	}
+	// heads maps each source of the conversation's heads to the keys naming it.
+	heads := func() map[string][]mirror.Head {
+		list, err := p.reader.Heads(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]mirror.Head{}
+		for _, h := range list {
+			if h.Conversation == orig.ID {
+				out[h.Source] = append(out[h.Source], h)
+			}
+		}
+		return out
+	}
+	waitUntil(t, "the original mirrored", mirrored(1))
+	cp := orig.Clone(rng, filepath.Join(root, "copy", filepath.Base(orig.Path)))
+	if err := os.MkdirAll(filepath.Dir(cp.Path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cp.Path, cp.Content(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the copy mirrored", mirrored(2))
+	if err := os.Remove(orig.Path); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(root, "moved", filepath.Base(orig.Path))
+	movedRel := "moved/" + filepath.Base(orig.Path)
+	if err := os.MkdirAll(filepath.Dir(moved), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(cp.Path, moved); err != nil {
+		t.Fatal(err)
+	}
+	var clashKey string
+	waitUntil(t, "the copy's head at its new path", func() bool {
+		hs := heads()
+		if len(hs[movedRel]) == 1 {
+			clashKey = hs[movedRel][0].Key
+		}
+		return len(hs[movedRel]) == 1
+	})
+	if clashKey == orig.ID {
+		t.Fatalf("the copy mirrors under the plain id %s, want its clash key", clashKey)
+	}
+	// Replaced by an atomic rename, one line longer.
+	lines := append(append([][]byte(nil), cp.Lines...), cp.Entry(250))
+	tmp := moved + ".tmp"
+	if err := sessiontest.Rewrite(tmp, lines); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, moved); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the replacement mirrored", func() bool {
+		for _, h := range heads()[movedRel] {
+			if h.LastOrdinal == int64(len(lines)-1) {
+				return true
+			}
+		}
+		return false
+	})
+	hs := heads()[movedRel]
+	if len(hs) != 1 || hs[0].Key != clashKey {
+		var keys []string
+		for _, h := range hs {
+			keys = append(keys, fmt.Sprintf("%s (generation %d, last ordinal %d)", h.Key, h.Generation, h.LastOrdinal))
+		}
+		t.Errorf("heads naming the replaced file: %v; want only its key %s", keys, clashKey)
 	}
 }

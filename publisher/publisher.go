@@ -364,9 +364,11 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 	for _, st := range p.takeDirty(&p.dirtyHead) {
 		// A key another file took over (this one vanished, and a file with the same id
 		// claimed it before the watcher reported the removal) has that file's head: this
-		// one's last state must not be written over it.
+		// one's last state must not be written over it. Nor may a state its file's
+		// reopening replaced (moved, rewritten: same identity, same key) write its older
+		// path or frontier over its successor's head (torture T3, T9).
 		p.mu.Lock()
-		own := p.byConv[st.conv.Key] == st.file.ID // conv and file.ID never change
+		own := p.byConv[st.conv.Key] == st.file.ID && p.files[st.file.ID] == st // conv and file.ID never change
 		p.mu.Unlock()
 		st.mu.Lock()
 		switch {

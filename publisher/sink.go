@@ -50,7 +50,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 
 	// Whatever the watcher saw (an atomic rename over the path can also look like a
 	// new file), a file we knew at this path under another identity is replaced.
-	if err := p.retireReplaced(ctx, f); err != nil {
+	replacedKey, err := p.retireReplaced(ctx, f, hdr.ID)
+	if err != nil {
 		return watcher.Start{}, err
 	}
 	p.mu.Lock()
@@ -79,7 +80,13 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	// the whole file is compared with the mirror instead.
 	rewritten := why == watcher.Truncated || why == watcher.Replaced || why == watcher.Rechecked
 	key := hdr.ID
-	if found && rec.ConvKey != "" {
+	if k := reopenedKey(old, f, why, hdr.ID); k != "" {
+		key = k
+	} else if replacedKey != "" {
+		// The replacement of a file that carried this id: one path, one key (a clash
+		// key stays a clash key, or two keys would name the path: torture T3).
+		key = replacedKey
+	} else if found && rec.ConvKey != "" {
 		key = rec.ConvKey
 	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
 		// Still a clash, reported at every start as when it is first found.
@@ -128,6 +135,12 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// are acknowledged: the daemon died in between. Write it now, or it stays behind
 		// (or missing) until the file grows again.
 		st.headDirty = true
+	}
+	if old != nil && old.file.Path != f.Path && st.acked.StreamSeq > 0 {
+		// Moved: the head and the checkpoint name the old path until the file grows
+		// again, and recovery writes where the head says; a restart looks for the key
+		// whose head names the file's path.
+		st.headDirty, st.cpDirty = true, true
 	}
 	p.mu.Lock()
 	if prev := p.files[f.ID]; prev != nil {
@@ -204,6 +217,22 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 	}
 }
 
+// reopenedKey is the key of old, the state of f's identity, when f is that same file
+// reopened (moved, rewritten in place): it keeps its key. An identity whose file was
+// deleted, or that another file now holds at another path (inode numbers are reused at
+// once), is not the same file.
+func reopenedKey(old *fileState, f watcher.File, why watcher.OpenReason, id string) string {
+	if old == nil || old.skipped || old.id != id {
+		return ""
+	}
+	old.mu.Lock()
+	defer old.mu.Unlock()
+	if old.gone || (old.file.Path != f.Path && why != watcher.Moved) {
+		return ""
+	}
+	return old.conv.Key
+}
+
 // clashKey is the key a file mirrors under when another local file carries its
 // conversation id: derived from its path, so that it is the same at every start.
 func clashKey(key string, f watcher.File) string {
@@ -257,17 +286,23 @@ func (p *Publisher) openingPath(id watcher.FileID) string {
 
 // retireReplaced forgets the file that used to be at f's path under another identity
 // (an atomic rename replaced it), once its lines in flight are resolved, so that its
-// conversation key passes to the new file instead of looking like a copy.
-func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
+// conversation key passes to the new file instead of looking like a copy. When that file
+// carried conversation id (the replacement of a session by a rewrite of it), it returns
+// the key it mirrored under: the new file keeps it.
+func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id string) (string, error) {
 	p.mu.Lock()
-	id, known := p.byPath[f.Path]
-	old := p.files[id]
+	fid, known := p.byPath[f.Path]
+	old := p.files[fid]
 	p.mu.Unlock()
-	if !known || id == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
-		return nil
+	if !known || fid == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
+		return "", nil
 	}
 	if err := p.waitQueueEmpty(ctx, old); err != nil {
-		return err
+		return "", err
+	}
+	key := ""
+	if !old.skipped && old.id == id {
+		key = old.conv.Key
 	}
 	p.mu.Lock()
 	delete(p.files, old.file.ID)
@@ -276,7 +311,7 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File) error {
 	}
 	p.mu.Unlock()
 	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
-	return nil
+	return key, nil
 }
 
 // withoutHeader is f as a fileState keeps it: the header bytes are read once, by Open.
