@@ -391,3 +391,42 @@ func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
 		t.Errorf("heads naming the replaced file: %v; want only its key %s", keys, clashKey)
 	}
 }
+
+// TestClashReportedAfterRestart (torture T8): after a restart that keeps the state
+// directory, both files of a clash get their keys back from their checkpoints and no
+// claim is contested; the clash must still be reported, once.
+func TestClashReportedAfterRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	rng := rand.New(rand.NewPCG(53, 59))
+	root, stateDir := t.TempDir(), t.TempDir()
+	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300)); err != nil {
+		t.Fatal(err)
+	}
+	cp := orig.Clone(rng, filepath.Join(root, "copy", filepath.Base(orig.Path)))
+	if err := os.MkdirAll(filepath.Dir(cp.Path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cp.Path, cp.Content(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for run := range 2 {
+		store := openStore(t, stateDir)
+		p := startPublisher(t, ctx, srv.URL(), store)
+		stop, _ := startWatcher(t, ctx, p, root)
+		waitUntil(t, "both files mirrored", func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == 2 && pr.Pending == 0
+		})
+		stop()
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = store.Close()
+		if n := testutil.ToFloat64(p.m.clashes); n != 1 {
+			t.Errorf("run %d: clashes counted %v, want 1", run, n)
+		}
+	}
+}

@@ -70,6 +70,7 @@ func (p *Publisher) drop(st *fileState) {
 		return // reopened under the same identity: the new state owns the entries
 	}
 	delete(p.files, id)
+	p.unkeyed(st)
 	if p.byPath[st.file.Path] == id {
 		delete(p.byPath, st.file.Path)
 	}

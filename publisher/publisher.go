@@ -90,6 +90,11 @@ type Publisher struct {
 	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
+	// Registered files mirrored under a clash key, per conversation id, and the ids whose
+	// clash this process reported: a clash whose keys come from checkpoints is reported
+	// although no claim contests a key (see reportKeptClash).
+	clashKeyed  map[string]int
+	clashesSeen map[string]bool
 	// Files inside Open: the keys they claimed are theirs before their state is registered.
 	opening   map[watcher.FileID]int
 	openingAt map[watcher.FileID]string // their paths, for log lines
@@ -152,7 +157,8 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		files:   map[watcher.FileID]*fileState{},
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
-		byConv:  map[string]watcher.FileID{},
+		byConv:     map[string]watcher.FileID{},
+		clashKeyed: map[string]int{}, clashesSeen: map[string]bool{},
 		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),

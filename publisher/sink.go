@@ -90,6 +90,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		key = rec.ConvKey
 	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
 		// Still a clash, reported at every start as when it is first found.
+		p.mu.Lock()
+		p.clashesSeen[key] = true
+		p.mu.Unlock()
 		p.m.clashes.Inc()
 		log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
 			zap.String("conversation", key), zap.String("key", prev))
@@ -149,7 +152,13 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	p.files[f.ID] = st
 	p.byPath[f.Path] = f.ID
 	p.byConv[st.conv.Key] = f.ID // claimed above, dropped again if prev had the same key
+	other := p.keptClashLocked(st)
 	p.mu.Unlock()
+	if other != "" {
+		p.m.clashes.Inc()
+		log.Warn("two local files carry one conversation id; each keeps the key it had",
+			zap.String("conversation", hdr.ID), zap.String("key", key), zap.String("other", other))
+	}
 	if st.headDirty {
 		p.noteDirty(st)
 	}
@@ -205,6 +214,7 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 		}
 		alt := clashKey(key, f)
 		p.byConv[alt] = f.ID
+		p.clashesSeen[key] = true
 		p.mu.Unlock()
 		p.m.clashes.Inc()
 		otherPath := otherFile.Path
@@ -231,6 +241,48 @@ func reopenedKey(old *fileState, f watcher.File, why watcher.OpenReason, id stri
 		return ""
 	}
 	return old.conv.Key
+}
+
+// keptClashLocked registers st's clash key, if it has one, and returns the path of
+// another registered file that carries st's conversation id when this process has not
+// reported that id's clash yet (then it counts as reported). After a restart both files
+// of a clash get their keys back from their checkpoints, and no claim is contested: the
+// clash is still reported, once per process (torture T8). The caller holds p.mu.
+func (p *Publisher) keptClashLocked(st *fileState) string {
+	id := st.id
+	if st.conv.Key != id {
+		p.clashKeyed[id]++
+	}
+	if p.clashesSeen[id] {
+		return ""
+	}
+	other := ""
+	if owner, ok := p.byConv[id]; ok && owner != st.file.ID {
+		if o := p.files[owner]; o != nil {
+			other = o.file.Path
+		}
+	}
+	if other == "" && p.clashKeyed[id] > 0 && (st.conv.Key == id || p.clashKeyed[id] > 1) {
+		for _, o := range p.files { // rare: only ids with clash keys get here
+			if o != st && o.id == id && o.conv.Key != id && !o.skipped {
+				other = o.file.Path
+				break
+			}
+		}
+	}
+	if other != "" {
+		p.clashesSeen[id] = true
+	}
+	return other
+}
+
+// unkeyed undoes keptClashLocked's count when st's state goes. The caller holds p.mu.
+func (p *Publisher) unkeyed(st *fileState) {
+	if st.conv.Key != st.id && st.id != "" {
+		if p.clashKeyed[st.id]--; p.clashKeyed[st.id] <= 0 {
+			delete(p.clashKeyed, st.id)
+		}
+	}
 }
 
 // clashKey is the key a file mirrors under when another local file carries its
@@ -306,6 +358,7 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id strin
 	}
 	p.mu.Lock()
 	delete(p.files, old.file.ID)
+	p.unkeyed(old)
 	if p.byConv[old.conv.Key] == old.file.ID {
 		delete(p.byConv, old.conv.Key)
 	}
