@@ -124,7 +124,8 @@ func ParseLine(h nats.Header) (Line, error) {
 // Msg is one message read back from the mirror.
 type Msg struct {
 	Line
-	Seq  uint64    // stream sequence
-	Time time.Time // stored at
-	Data []byte    // the line (nil for blobs and for headers-only reads)
+	MsgID string    // the Nats-Msg-Id it was published with
+	Seq   uint64    // stream sequence
+	Time  time.Time // stored at
+	Data  []byte    // the line (nil for blobs and for headers-only reads)
 }

@@ -224,7 +224,7 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last
 			return fmt.Errorf("metadata: %w", err)
 		}
 		if l, err := ParseLine(m.Headers()); err == nil {
-			msg := Msg{Line: l, Seq: meta.Sequence.Stream, Time: meta.Timestamp}
+			msg := Msg{Line: l, MsgID: m.Headers().Get(HdrMsgID), Seq: meta.Sequence.Stream, Time: meta.Timestamp}
 			if !opts.HeadersOnly && l.Kind != KindBlob {
 				msg.Data = m.Data()
 			}
