@@ -216,9 +216,17 @@ func (d *daemon) term(timeout time.Duration) error {
 		return nil
 	}
 	// A signal in the first moments of the process, before main installs its handler,
-	// kills it the default way: that is Go's start-up, not the daemon's shutdown.
-	if wait := time.Until(d.started.Add(500 * time.Millisecond)); wait > 0 {
-		time.Sleep(wait)
+	// kills it the default way: that is Go's start-up, not the daemon's shutdown. The
+	// daemon's first log line (written after the handler is installed) says main runs; a
+	// fixed half second was not enough for a -race binary on a loaded machine (CI seed
+	// 20261201: "graceful stop: signal: terminated" 0.7 s after the start).
+	for deadline := d.started.Add(10 * time.Second); time.Now().Before(deadline) && !d.logged(); {
+		select {
+		case <-d.exited:
+		case <-time.After(20 * time.Millisecond):
+			continue
+		}
+		break
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -232,6 +240,12 @@ func (d *daemon) term(timeout time.Duration) error {
 		return fmt.Errorf("graceful stop: %v", d.waitErr)
 	}
 	return nil
+}
+
+// logged reports whether the daemon started last has written to its log.
+func (d *daemon) logged() bool {
+	fi, err := os.Stat(d.logPath)
+	return err == nil && fi.Size() > d.logFrom
 }
 
 // statusDoc is the part of /status.json the harness reads.
