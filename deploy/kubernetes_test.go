@@ -198,6 +198,20 @@ func TestKubernetesSidecar(t *testing.T) {
 			t.Errorf("the PodMonitor sets no %s label (dashboard and alerts use it)", l)
 		}
 	}
+	// pisync serve's replicas: their metrics port, as job pisync-serve (the dashboard's
+	// Session store row and PisyncStoreErrors).
+	serveJob := false
+	for _, ep := range list(pmon, "spec", "podMetricsEndpoints") {
+		if str(ep, "port") != "serve-metrics" {
+			continue
+		}
+		for _, r := range list(ep, "relabelings") {
+			serveJob = serveJob || str(r, "targetLabel") == "job" && str(r, "replacement") == "pisync-serve"
+		}
+	}
+	if !serveJob {
+		t.Errorf("the PodMonitor does not scrape pisync serve's port serve-metrics as job pisync-serve")
+	}
 }
 
 // TestNATSHelmValues checks the values for the official chart: 3 replicas, JetStream on
