@@ -262,7 +262,7 @@ func (p *Publisher) releaseSlot() {
 // send publishes it asynchronously and hands the future to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
-	fence(st, it)
+	fence(st, it, !p.opts.Unfenced)
 	msg := it.msg
 	st.mu.Unlock()
 	epoch := p.gate.current()

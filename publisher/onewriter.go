@@ -50,15 +50,15 @@ func (p *Publisher) noteStoreGen(st *fileState, gen int) {
 	st.mu.Unlock()
 }
 
-// fence sets or clears the expected subject sequence of it's message; the caller holds
-// st.mu. Only the first unresolved line of a file is fenced: the sequence the ones behind
-// it must follow is not known until it is acknowledged.
-func fence(st *fileState, it *item) {
+// fence sets (on) or clears the expected subject sequence of it's message; the caller
+// holds st.mu. Only the first unresolved line of a file is fenced: the sequence the ones
+// behind it must follow is not known until it is acknowledged.
+func fence(st *fileState, it *item, on bool) {
 	if it.msg == nil {
 		return
 	}
 	seq := max(st.acked.StreamSeq, st.fenceSeq)
-	if len(st.queue) == 0 || st.queue[0] != it || seq == 0 {
+	if !on || len(st.queue) == 0 || st.queue[0] != it || seq == 0 {
 		it.msg.Header.Del(jetstream.ExpectedLastSubjSeqHeader)
 		return
 	}

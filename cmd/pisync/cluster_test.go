@@ -16,6 +16,9 @@ func TestClusterLeaderLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
+	// In-process cluster: see publisher.Options.Unfenced.
+	unfencedForTests.Store(true)
+	defer unfencedForTests.Store(false)
 	rng := rand.New(rand.NewPCG(31, 32))
 	cl := natstest.RunCluster(t, 3)
 	root := t.TempDir()

@@ -185,7 +185,8 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		WindowMessages: f.window, WindowBytes: f.windowBytes,
 		BlobThreshold: f.blobThreshold, MaxLineBytes: f.maxLineBytes,
 		// Set before the watcher exists: the publisher calls it only once lines flow.
-		Reopen: func(path string) bool { return d.watch != nil && d.watch.Reopen(path) },
+		Reopen:   func(path string) bool { return d.watch != nil && d.watch.Reopen(path) },
+		Unfenced: unfencedForTests.Load(),
 	})
 	if err != nil {
 		return nil, err
@@ -392,3 +393,7 @@ func (d *daemon) closeNATS() {
 		d.embedded.WaitForShutdown()
 	}
 }
+
+// unfencedForTests is set by the tests that run the daemon in this process on a
+// nats-server cluster (publisher.Options.Unfenced says why).
+var unfencedForTests atomic.Bool
