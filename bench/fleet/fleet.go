@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,6 +22,8 @@ import (
 type Fleet struct {
 	Hosts []*Host
 	pis   []*pi
+
+	failedStarts atomic.Int64 // daemon starts that failed and were retried
 }
 
 // newFleet lays out mix.Hosts hosts under dir and writes their sessions.
@@ -67,7 +70,20 @@ func (f *Fleet) start(ctx context.Context, parallel int, kinds ...Kind) error {
 		if !hasKind(kinds, h.Kind) {
 			continue
 		}
-		g.Go(func() error { return h.start(ctx) })
+		g.Go(func() error {
+			// A start the cluster does not answer in time fails, as the daemon's does, and
+			// is started again after 2 s, as systemd's Restart=on-failure does.
+			var err error
+			for range 10 {
+				if err = h.start(ctx); err == nil {
+					return nil
+				}
+				f.failedStarts.Add(1)
+				h.log.Warn("start failed; restarting in 2 s", zap.Error(err))
+				time.Sleep(2 * time.Second)
+			}
+			return err
+		})
 	}
 	return g.Wait()
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/pisync/pisync/natsconn"
 )
 
@@ -63,6 +65,23 @@ func TestFleet(t *testing.T) {
 		}
 		outage = d
 	}
+	deadline := 15 * time.Minute
+	if s := os.Getenv("PISYNC_FLEET_DEADLINE"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline = d
+	}
+	var log *zap.Logger
+	if path := os.Getenv("PISYNC_FLEET_LOG"); path != "" {
+		cfg := zap.NewProductionConfig()
+		cfg.OutputPaths = []string{path}
+		var err error
+		if log, err = cfg.Build(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	maxFiles := 5000
 	if s := os.Getenv("PISYNC_FLEET_MAX_FILES"); s != "" {
 		maxFiles, _ = strconv.Atoi(s)
@@ -72,7 +91,7 @@ func TestFleet(t *testing.T) {
 			Hosts: n, IdleFiles: [2]int{100, maxFiles}, Appending: 1.0 / 12, Backfilling: 1.0 / 50,
 			AppendEvery: 5 * time.Second, BackfillFiles: 200, BackfillEntries: 20,
 		},
-		Steady: time.Minute, Outage: outage, Deadline: 15 * time.Minute,
+		Steady: time.Minute, Outage: outage, Deadline: deadline, Log: log,
 	})
 	t.Log("\n" + res.String())
 	if res.Missing > 0 || res.Restart.Missing > 0 {

@@ -71,8 +71,9 @@ type Result struct {
 		ServerCPU, FleetCPU float64
 	}
 
-	StreamMsgs uint64 // messages in the entries stream at the end
-	Lines      int64  // lines written across the fleet
+	FailedStarts int64  // daemon starts the cluster did not answer in time (retried after 2 s)
+	StreamMsgs   uint64 // messages in the entries stream at the end
+	Lines        int64  // lines written across the fleet
 }
 
 var hostInSubject = regexp.MustCompile(`host-\d{4}`)
@@ -227,6 +228,7 @@ func Run(t testing.TB, cfg Config) Result {
 	}
 	waitConv = func() error { return nil }
 	res.Lines = f.lines()
+	res.FailedStarts = f.failedStarts.Load()
 	res.StreamMsgs = streamMsgs(t, ctx, url, f, res.Lines)
 	return res
 }
@@ -380,6 +382,6 @@ func (r Result) String() string {
 	fmt.Fprintf(&b, "restart: caught up p50 %v p99 %v last %v, missing %d; %d requests (%.1f per host), peak %d/s; server CPU %.1f s, fleet CPU %.1f s; by op %v\n",
 		rr.CaughtUp[0].Round(time.Millisecond), rr.CaughtUp[1].Round(time.Millisecond), rr.CaughtUp[2].Round(time.Millisecond),
 		rr.Missing, rr.Total, float64(rr.Total)/float64(r.Hosts), rr.Peak, rr.ServerCPU, rr.FleetCPU, rr.ByOp)
-	fmt.Fprintf(&b, "stream: %d messages for %d lines written\n", r.StreamMsgs, r.Lines)
+	fmt.Fprintf(&b, "stream: %d messages for %d lines written; %d daemon starts failed and were retried\n", r.StreamMsgs, r.Lines, r.FailedStarts)
 	return b.String()
 }
