@@ -29,7 +29,6 @@ type budget struct {
 	source   string // where the limit comes from, for logs
 	perEntry int    // what each entry of a watched directory costs (1 with kqueue, 0 with inotify)
 	used     int
-	learned  bool // the limit was lowered to what the kernel granted before refusing
 }
 
 // newBudget returns the budget for opts: WatchBudget if set, else the platform default.
@@ -47,6 +46,14 @@ func newBudget(opts Options) budget {
 		}
 	}
 	return b
+}
+
+// shown is the limit as metrics, logs and Stats show it: 0 for none.
+func (b *budget) shown() int {
+	if b.limit == noBudget {
+		return 0
+	}
+	return b.limit
 }
 
 // cost is what watching a directory of entries entries holds.
@@ -82,10 +89,10 @@ func (b *budget) entriesOf(dir string) int {
 func (w *Watcher) refusedLocked(dir string, err error) {
 	w.countError(reasonWatchLimit)
 	if w.budget.limit > w.budget.used {
-		w.budget.limit, w.budget.learned = w.budget.used, true
+		w.budget.limit = w.budget.used
 		w.log.Warn("the kernel refused a watch; polling what does not fit in the watches held now",
 			zap.String("path", dir), zap.Int("watches", w.budget.used), zap.Error(err))
-		w.m.watchBudget.Set(float64(w.budget.limit))
+		w.m.watchBudget.Set(float64(w.budget.shown()))
 	}
 }
 
@@ -98,7 +105,7 @@ func (w *Watcher) setPolledLocked(r *root, dir string, gen uint64, polled bool) 
 	}
 	if w.polled[dir] == nil {
 		w.log.Debug("directory polled: no watch within the budget", zap.String("path", dir),
-			zap.Int("watches", w.budget.used), zap.Int("budget", w.budget.limit))
+			zap.Int("watches", w.budget.used), zap.Int("watch_budget", w.budget.shown()))
 	}
 	w.polled[dir] = &polledDir{root: r, gen: gen}
 	w.setPollingLocked(r, true)

@@ -171,7 +171,7 @@ func (w *Watcher) setPollingLocked(r *root, on bool) {
 		kick(w.scanKick) // the scanner may be asleep for longer than that
 		w.log.Warn("cannot watch every directory (over the watch budget, refused by the kernel, or no event source); polling the root",
 			zap.String("root", r.path), zap.Duration("interval", w.opts.FallbackPollInterval),
-			zap.Int("watches", w.budget.used), zap.Int("watch_budget", w.budget.limit))
+			zap.Int("watches", w.budget.used), zap.Int("watch_budget", w.budget.shown()))
 	} else {
 		w.log.Info("every directory is watched again; polling stopped", zap.String("root", r.path))
 	}

@@ -118,10 +118,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 	wg.Go(func() { w.clockLoop(ctx) })
 	wg.Go(func() { w.scanLoop(ctx) })
 	w.mu.Lock()
-	limit, source := w.budget.limit, w.budget.source
+	limit, source := w.budget.shown(), w.budget.source
 	w.mu.Unlock()
-	if limit == noBudget {
-		limit, source = 0, "none"
+	if limit == 0 {
+		source = "none"
 	}
 	w.m.watchBudget.Set(float64(limit))
 	w.log.Info("watching", zap.Strings("roots", w.opts.Roots), zap.Int("workers", w.opts.Workers),
@@ -143,17 +143,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) Stats() Stats {
 	w.mu.Lock()
 	st := Stats{
-		Files:      w.states[statePending] + w.states[stateTailing] + w.states[stateSkipped],
-		Pending:    w.states[statePending],
-		Tailing:    w.states[stateTailing],
-		Skipped:    w.states[stateSkipped],
-		Dirs:       len(w.dirs),
-		TornTails:  w.torn,
-		Watches:    w.budget.used,
-		PolledDirs: len(w.polled),
-	}
-	if w.budget.limit != noBudget {
-		st.WatchBudget = w.budget.limit
+		Files:       w.states[statePending] + w.states[stateTailing] + w.states[stateSkipped],
+		Pending:     w.states[statePending],
+		Tailing:     w.states[stateTailing],
+		Skipped:     w.states[stateSkipped],
+		Dirs:        len(w.dirs),
+		TornTails:   w.torn,
+		Watches:     w.budget.used,
+		WatchBudget: w.budget.shown(),
+		PolledDirs:  len(w.polled),
 	}
 	for d := range w.polled {
 		st.PolledFiles += len(w.byDir[d])
