@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/mirror"
 )
 
 func newTestMirror(t *testing.T) *mirrortest.Mirror { return mirrortest.New(t) }
@@ -136,4 +137,47 @@ func sameSnapshot(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestRecoverStoreGeneration (DESIGN §8): for a conversation the session store writes,
+// recover rebuilds the generation the head names, not the newer one the daemon mirrored
+// from the old local file appended to after the cut-over; --generation still picks any.
+func TestRecoverStoreGeneration(t *testing.T) {
+	tm := newTestMirror(t)
+	dir := filepath.Join("testdata", "golden", "generations")
+	_, _, head := tm.MirrorInput(t, filepath.Join(dir, "input-gen1.jsonl"), 1, 0, mirrortest.Root)
+	lines2 := mirrortest.ReadLines(t, filepath.Join(dir, "input.jsonl"))
+	m2 := mirrortest.MirrorFile(t, lines2, 2, 0)
+	tm.Publish(t, m2, m2.Msgs, nil)
+	head.Writer = mirror.WriterStore
+	conv, err := mirror.NewConv(tm.Owner, m2.Conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tm.Writer.PutHead(mirrortest.Ctx(t), conv, head); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		gen, want int
+		file      string
+	}{
+		{0, 1, "input-gen1.jsonl"}, // the store's, by default
+		{2, 2, "input.jsonl"},      // the local file's, asked for
+	} {
+		out := t.TempDir()
+		rep := New(tm.Reader, Options{Out: out, Generation: tc.gen}).One(mirrortest.Ctx(t), m2.Conv)
+		if rep.Result != Written || rep.Generation != tc.want {
+			t.Fatalf("--generation %d: %s generation %d (%s); want written, generation %d", tc.gen, rep.Result, rep.Generation, rep.Reason, tc.want)
+		}
+		got, err := os.ReadFile(rep.Output)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := mirrortest.JoinLines(mirrortest.ReadLines(t, filepath.Join(dir, tc.file))); !bytes.Equal(got, want) {
+			t.Errorf("--generation %d: not the file of generation %d", tc.gen, tc.want)
+		}
+		if noted := strings.Contains(strings.Join(rep.Notes, "\n"), "session store writes generation 1"); noted != (tc.gen == 0) {
+			t.Errorf("--generation %d: notes %q", tc.gen, rep.Notes)
+		}
+	}
 }
