@@ -156,8 +156,11 @@ func (g *gate) refused(reason string, err error, epoch uint64) {
 		g.since, g.probes, g.throttled = now, 0, 1
 		g.episodes++
 		g.bo.reset()
-		g.log.Warn("the cluster has no room for more lines; publishing slows down, nothing is dropped or quarantined",
-			zap.String("reason", reason), zap.Error(err))
+		what := "the cluster has no room for more lines; publishing slows down, nothing is dropped or quarantined"
+		if !holdsHost(reason) {
+			what = "the cluster acknowledges lines later than the ack timeout; they are checked and resent, nothing is dropped or quarantined"
+		}
+		g.log.Warn(what, zap.String("reason", reason), zap.Error(err))
 	}
 	if reason != g.reason {
 		if g.reason != "" {
