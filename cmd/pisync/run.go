@@ -89,6 +89,12 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer log.Sync() //nolint:errcheck // nothing to do about a failed flush at exit
 	d, err := startDaemon(ctx, &f, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM or SIGINT during start-up (waiting for NATS, say): a stop that was
+			// asked for, not a failure (torture: "graceful stop: exit status 1").
+			log.Info("stopped during start-up", zap.Error(err))
+			return nil
+		}
 		return err
 	}
 	<-ctx.Done()
