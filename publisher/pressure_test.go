@@ -262,8 +262,9 @@ func fillStore(n int64) func(t *testing.T, ctx context.Context, js jetstream.Jet
 	}
 }
 
-// pressurePublisher is publisherAt with a short retry cap, so that the pause reaches it
-// within the test's few seconds.
+// pressurePublisher is publisherAt with a retry cap of 4 s: above the steps the test
+// watches grow (200 ms to 3.2 s; at the cap pauses are drawn between half the cap and
+// the cap, and may be shorter than the one before), short enough for a quick recovery.
 func pressurePublisher(t *testing.T, ctx context.Context, url string) *Publisher {
 	t.Helper()
 	opts := testOptions(t, ctx, url)
@@ -271,7 +272,7 @@ func pressurePublisher(t *testing.T, ctx context.Context, url string) *Publisher
 	t.Cleanup(func() { _ = store.Close() })
 	opts.Checkpoints = store
 	opts.CommitInterval, opts.HeadInterval = 20*time.Millisecond, 20*time.Millisecond
-	opts.RetryMax = time.Second
+	opts.RetryMax = 4 * time.Second
 	p, err := New(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
