@@ -55,7 +55,7 @@ func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string,
 	defer st.mu.Unlock()
 	// The cached state is trusted only to go ahead: a publish on a stale state fails on
 	// its expected sequence. Any other answer is given from a fresh read of the stream.
-	fresh := false
+	fresh, dupSeen := false, false
 	for attempt := 0; attempt < attempts; attempt++ {
 		if !st.loaded || !fresh && attempt > 0 {
 			if e := s.refresh(ctx, st, id); e != nil {
@@ -80,7 +80,7 @@ func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string,
 		l := mirror.Line{Kind: mirror.KindEntry, EntryID: env.ID, ParentID: env.ParentID, EntryType: env.Type,
 			Ordinal: st.lastOrdinal + 1, Generation: st.gen, SHA256: sum, Format: string(session.FormatV3),
 			Host: s.opts.Host, Source: st.source}
-		ack, err := s.publish(ctx, c, l, line, st.subjSeq)
+		ack, err := s.publish(ctx, c, l, line, st.subjSeq, dupSeen)
 		if err != nil {
 			if errors.Is(err, errBlob) {
 				return AppendReply{}, errorf(CodeUnavailable, "%v", err)
@@ -92,8 +92,11 @@ func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string,
 			continue
 		}
 		if ack.Duplicate {
-			fresh = false
-			continue // stored before, within the duplicate window: read it back
+			// Stored before, within the duplicate window: read it back. If the stream
+			// does not hold it (its conversation was deleted), the next publish goes
+			// without the message id.
+			fresh, dupSeen = false, true
+			continue
 		}
 		st.subjSeq = ack.Sequence
 		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
@@ -168,7 +171,12 @@ var errBlob = errors.New("blob")
 
 // publish stores one line under §2, as a blob when it is above the threshold, with the
 // subject's expected last sequence.
-func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line []byte, expectSeq uint64) (*jetstream.PubAck, error) {
+//
+// withoutMsgID leaves out the Nats-Msg-Id header: after a delete, an id of the deleted
+// conversation stays in the duplicate window (2 minutes by default) and the server would
+// drop the new message as a duplicate of the purged one. The expected subject sequence
+// alone keeps a store publish exactly once (a retry on a stale sequence is refused).
+func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line []byte, expectSeq uint64, withoutMsgID bool) (*jetstream.PubAck, error) {
 	body := line
 	if int64(len(line)) > s.opts.BlobThreshold {
 		uploaded, err := s.handles(c.Owner).writer.PutBlob(ctx, l.SHA256, bytes.NewReader(line))
@@ -180,7 +188,11 @@ func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line 
 		}
 		l.Kind, l.BlobSize, body = mirror.KindBlob, int64(len(line)), nil
 	}
-	return s.js.PublishMsg(ctx, s.names.NewMsg(c, l, body), expectSubjectSeq(expectSeq))
+	m := s.names.NewMsg(c, l, body)
+	if withoutMsgID {
+		m.Header.Del(mirror.HdrMsgID)
+	}
+	return s.js.PublishMsg(ctx, m, expectSubjectSeq(expectSeq))
 }
 
 func show(head string) string {

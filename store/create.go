@@ -66,6 +66,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	st := s.conv(c)
 	defer st.mu.Unlock()
 	sum := digest(line)
+	dupSeen := false
 	for attempt := 0; attempt < attempts; attempt++ {
 		err := s.load(ctx, st, nil)
 		switch {
@@ -80,8 +81,13 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 		}
 		l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
 			Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
-		ack, err := s.js.PublishMsg(ctx, s.names.NewMsg(c, l, line), expectSubjectSeq(0))
+		m := s.names.NewMsg(c, l, line)
+		if dupSeen { // a header of a deleted conversation still in the duplicate window
+			m.Header.Del(mirror.HdrMsgID)
+		}
+		ack, err := s.js.PublishMsg(ctx, m, expectSubjectSeq(0))
 		if err != nil || ack.Duplicate {
+			dupSeen = dupSeen || err == nil
 			continue // created meanwhile, or possibly stored: the stream says which
 		}
 		st.loaded = false

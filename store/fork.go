@@ -65,7 +65,14 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 	for _, m := range picked {
 		l := m.Line
 		l.Ordinal, l.Generation, l.Host, l.Source = nst.lastOrdinal+1, nst.gen, s.opts.Host, nst.source
-		ack, err := s.js.PublishMsg(ctx, s.names.NewMsg(dst, l, m.Data), expectSubjectSeq(nst.subjSeq))
+		msg := s.names.NewMsg(dst, l, m.Data)
+		ack, err := s.js.PublishMsg(ctx, msg, expectSubjectSeq(nst.subjSeq))
+		if err == nil && ack.Duplicate {
+			// The id of a deleted conversation's message, still in the duplicate window:
+			// the fence alone keeps this publish once (see publish).
+			msg.Header.Del(mirror.HdrMsgID)
+			ack, err = s.js.PublishMsg(ctx, msg, expectSubjectSeq(nst.subjSeq))
+		}
 		if err != nil {
 			return Meta{}, errorf(CodeUnavailable, "fork into %s: %v", hm.id, err)
 		}

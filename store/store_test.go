@@ -409,6 +409,32 @@ func TestForkAndDelete(t *testing.T) {
 	if r := e.req("alice", "append", appendReq("src", head, entryLine("x1000000", head, "x"))); r.code() != "not_found" {
 		t.Fatalf("append after delete: %+v", r.Error)
 	}
+
+	// Created again at once, with the same header and entries: their message ids are still
+	// in the duplicate window, and the server must not drop them as duplicates of the
+	// deleted ones. The same for a fork deleted and made again.
+	e.create("alice", "src")
+	head = ""
+	for _, l := range lines {
+		r := e.mustAppend("alice", "src", head, l)
+		if r.Duplicate {
+			t.Fatalf("append to the re-created conversation answered as a duplicate: %+v", r)
+		}
+		head = *r.Head
+	}
+	if _, got := e.openAll("alice", "src"); strings.Join(got, "\n") != strings.Join(lines, "\n") {
+		t.Fatalf("re-created conversation holds %q, want %q", got, lines)
+	}
+	if r := e.req("alice", "delete", map[string]any{"id": "fork0"}); !r.OK {
+		t.Fatalf("delete fork0: %+v", r.Error)
+	}
+	r := e.req("alice", "fork", map[string]any{"source": "src", "line": headerLine("fork0", "/srv/app")})
+	if !r.OK {
+		t.Fatalf("fork again: %+v", r.Error)
+	}
+	if _, got := e.openAll("alice", "fork0"); strings.Join(got, "\n") != strings.Join(lines, "\n") {
+		t.Fatalf("fork made again holds %q, want %q", got, lines)
+	}
 }
 
 // A conversation mirrored by the daemon opens through the store and is continued in its
