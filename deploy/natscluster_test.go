@@ -17,6 +17,42 @@ import (
 	"github.com/pisync/pisync/mirror"
 )
 
+// startCluster renders and starts the nodes on fresh ports; on an error the nodes it
+// started are shut down.
+func startCluster(t *testing.T, pki *testPKI, root string, nodes []string, attempt int) ([]*server.Server, []string, error) {
+	t.Helper()
+	clusterPorts := make([]int, len(nodes))
+	var routes []*url.URL
+	for i := range nodes {
+		clusterPorts[i] = freePort(t)
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", clusterPorts[i])})
+	}
+	optsOf := make([]*server.Options, len(nodes))
+	urls := make([]string, len(nodes))
+	for i, node := range nodes {
+		dir := filepath.Join(root, fmt.Sprintf("%s-%d", node, attempt))
+		pki.issue(t, filepath.Join(dir, "tls"), node)
+		renderNATS(t, filepath.Join(dir, "conf"), filepath.Join(dir, "tls"), filepath.Join(dir, "jetstream"), perTenant)
+		opts := loadOptions(t, filepath.Join(dir, "conf", node+".conf"))
+		urls[i] = onLoopback(t, opts)
+		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", clusterPorts[i]
+		opts.Routes = routes
+		optsOf[i] = opts
+	}
+	var servers []*server.Server
+	for _, opts := range optsOf {
+		s, err := tryStartServer(t, opts)
+		if err != nil {
+			for _, s := range servers {
+				s.Shutdown() // also at cleanup: a second shutdown does nothing
+			}
+			return nil, nil, err
+		}
+		servers = append(servers, s)
+	}
+	return servers, urls, nil
+}
+
 // TestNATSClusterR3 starts the three node files of deploy/nats in-process on loopback
 // (certificates made for the test, ports moved to free ones, everything else as
 // written: route TLS with verification, JetStream, the per-tenant accounts) and checks
@@ -31,27 +67,21 @@ func TestNATSClusterR3(t *testing.T) {
 	caFile := pki.caFile(t)
 	root := t.TempDir()
 	nodes := []string{"node-a", "node-b", "node-c"}
-	clusterPorts := make([]int, len(nodes))
-	var routes []*url.URL
-	for i := range nodes {
-		clusterPorts[i] = freePort(t)
-		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", clusterPorts[i])})
-	}
-	optsOf := make([]*server.Options, len(nodes))
-	urls := make([]string, len(nodes))
-	for i, node := range nodes {
-		dir := filepath.Join(root, node)
-		pki.issue(t, filepath.Join(dir, "tls"), node)
-		renderNATS(t, filepath.Join(dir, "conf"), filepath.Join(dir, "tls"), filepath.Join(dir, "jetstream"), perTenant)
-		opts := loadOptions(t, filepath.Join(dir, "conf", node+".conf"))
-		urls[i] = onLoopback(t, opts)
-		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", clusterPorts[i]
-		opts.Routes = routes
-		optsOf[i] = opts
-	}
-	servers := make([]*server.Server, len(nodes))
-	for i, opts := range optsOf {
-		servers[i] = startServer(t, opts)
+	// The ports are free when chosen but may be taken before the servers listen (other
+	// test binaries run beside this one): a node that cannot listen starts the cluster
+	// again on fresh ports.
+	var servers []*server.Server
+	var urls []string
+	for attempt := 1; ; attempt++ {
+		var err error
+		servers, urls, err = startCluster(t, pki, root, nodes, attempt)
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("attempt %d: %v; again on fresh ports", attempt, err)
 	}
 	waitUntil(t, 30*time.Second, "routes between the 3 nodes", func() error {
 		for i, s := range servers {

@@ -219,9 +219,20 @@ func onLoopback(t *testing.T, opts *server.Options) string {
 // startServer starts a parsed configuration in-process.
 func startServer(t *testing.T, opts *server.Options) *server.Server {
 	t.Helper()
+	s, err := tryStartServer(t, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryStartServer starts a server that is shut down at the end of the test, or says why
+// it did not become ready (a port taken meanwhile, for one).
+func tryStartServer(t *testing.T, opts *server.Options) (*server.Server, error) {
+	t.Helper()
 	s, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatalf("nats-server %s: %v", opts.ServerName, err)
+		return nil, fmt.Errorf("nats-server %s: %w", opts.ServerName, err)
 	}
 	if !opts.NoLog {
 		s.ConfigureLogger()
@@ -229,13 +240,13 @@ func startServer(t *testing.T, opts *server.Options) *server.Server {
 	go s.Start()
 	if !s.ReadyForConnections(30 * time.Second) {
 		s.Shutdown()
-		t.Fatalf("nats-server %s not ready", opts.ServerName)
+		return nil, fmt.Errorf("nats-server %s not ready", opts.ServerName)
 	}
 	t.Cleanup(func() {
 		s.Shutdown()
 		s.WaitForShutdown()
 	})
-	return s
+	return s, nil
 }
 
 // violations records the permission errors the server sends to one connection.
