@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -262,8 +263,14 @@ func (p *Publisher) releaseSlot() {
 // send publishes it asynchronously and hands the future to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
+	if it.msg == nil { // acknowledged meanwhile (a reconciliation found it in the mirror)
+		st.mu.Unlock()
+		return nil
+	}
 	fence(st, it, !p.opts.Unfenced)
-	msg := it.msg
+	// A copy with its own header map: a reconciliation may fence or unfence it.msg for a
+	// resend while this publish still encodes the headers (a data race, seen in CI).
+	msg := &nats.Msg{Subject: it.msg.Subject, Header: maps.Clone(it.msg.Header), Data: it.msg.Data}
 	st.mu.Unlock()
 	epoch := p.gate.current()
 	fut, err := p.opts.JS.PublishMsgAsync(msg)
