@@ -57,16 +57,3 @@ func (b Backoff) Delay(n int) time.Duration {
 func (b Backoff) Option() nats.Option {
 	return nats.CustomReconnectDelay(b.Delay)
 }
-
-// sequence adapts Backoff to the retry loop of the first connection (backoff.BackOff).
-type sequence struct {
-	b Backoff
-	n int
-}
-
-func (s *sequence) NextBackOff() time.Duration {
-	s.n++
-	return s.b.Delay(s.n)
-}
-
-func (s *sequence) Reset() { s.n = 0 }

@@ -48,10 +48,15 @@ func Dial(ctx context.Context, url, name string, timeout time.Duration, log *zap
 		}),
 	}
 	opts = append(opts, extra...)
-	// The deadline is tctx's: the last wait is cut short, not skipped. The first
-	// connection waits at most 10 s between attempts: a daemon started by hand should
-	// not look hung; a fleet started at once is spread by the jitter all the same.
-	bo := &sequence{b: Backoff{Base: 200 * time.Millisecond, Max: 10 * time.Second}}
+	// The first connection waits at most 10 s between attempts: a daemon started by hand
+	// should not look hung. Its waits grow for certain (×1.5, ±50 % jitter), so that the
+	// retries of one daemon thin out; a fleet started at once is spread by the jitter
+	// all the same. Reconnects use full jitter (Reconnect), where the fleet's return
+	// after an outage is what must spread.
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = 10 * time.Second
+	bo.MaxElapsedTime = 0 // the deadline is tctx's: the last wait is cut short, not skipped
 	tctx := ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
