@@ -15,42 +15,9 @@ func ScanEnvelopePrefix(prefix []byte) (Envelope, bool) {
 	}
 	i = skipWS(b, i+1)
 	for i < len(b) && b[i] == '"' {
-		ks := i + 1
-		ke, kesc, err := scanString(b, ks)
-		if err != nil {
+		var err error
+		if i, err = scanMember(b, i, &f); err != nil {
 			break
-		}
-		key := classifyKey(b[ks:ke], kesc)
-		i = skipWS(b, ke+1)
-		if i >= len(b) || b[i] != ':' {
-			break
-		}
-		i = skipWS(b, i+1)
-		if i >= len(b) {
-			break
-		}
-		if b[i] == '"' {
-			vs := i + 1
-			ve, vesc, err := scanString(b, vs)
-			if err != nil {
-				break
-			}
-			if key != keyOther {
-				f[key] = field{start: vs, end: ve, kind: kindString, esc: vesc}
-			}
-			i = ve + 1
-		} else {
-			vs := i
-			if i, err = skipValue(b, i); err != nil {
-				break
-			}
-			if key != keyOther {
-				kind := uint8(kindOther)
-				if b[vs] == 'n' {
-					kind = kindNull
-				}
-				f[key] = field{start: vs, end: i, kind: kind}
-			}
 		}
 		i = skipWS(b, i)
 		if i >= len(b) || b[i] != ',' {
@@ -58,13 +25,7 @@ func ScanEnvelopePrefix(prefix []byte) (Envelope, bool) {
 		}
 		i = skipWS(b, i+1)
 	}
-	if f[keyType].kind != kindString {
-		return Envelope{}, false
-	}
-	if k := f[keyID].kind; k != kindAbsent && k != kindString {
-		return Envelope{}, false
-	}
-	if f[keyParentID].kind == kindOther || f[keyTargetID].kind == kindOther {
+	if checkFields(&f) != nil {
 		return Envelope{}, false
 	}
 	return envelope(b, &f), true

@@ -100,21 +100,8 @@ func ScanEntry(line []byte) (Envelope, error) {
 	if err := scanObject(line, &f); err != nil {
 		return Envelope{}, err
 	}
-	switch f[keyType].kind {
-	case kindString:
-	case kindAbsent:
-		return Envelope{}, malformed(0, "missing type")
-	default:
-		return Envelope{}, malformed(f[keyType].start, "type is not a string")
-	}
-	if k := f[keyID].kind; k != kindAbsent && k != kindString {
-		return Envelope{}, malformed(f[keyID].start, "id is not a string")
-	}
-	if k := f[keyParentID].kind; k == kindOther {
-		return Envelope{}, malformed(f[keyParentID].start, "parentId is neither a string nor null")
-	}
-	if k := f[keyTargetID].kind; k == kindOther {
-		return Envelope{}, malformed(f[keyTargetID].start, "targetId is neither a string nor null")
+	if err := checkFields(&f); err != nil {
+		return Envelope{}, err
 	}
 	return envelope(line, &f), nil
 }
@@ -140,42 +127,9 @@ func scanObject(b []byte, f *[numKeys]field) error {
 			if b[i] != '"' {
 				return malformed(i, "expected string key")
 			}
-			ks := i + 1
-			ke, kesc, err := scanString(b, ks)
-			if err != nil {
+			var err error
+			if i, err = scanMember(b, i, f); err != nil {
 				return err
-			}
-			key := classifyKey(b[ks:ke], kesc)
-			i = skipWS(b, ke+1)
-			if i >= len(b) || b[i] != ':' {
-				return malformed(i, "expected ':' after key")
-			}
-			i = skipWS(b, i+1)
-			if i >= len(b) {
-				return malformed(i, "unexpected end of line, expected value")
-			}
-			if b[i] == '"' {
-				vs := i + 1
-				ve, vesc, err := scanString(b, vs)
-				if err != nil {
-					return err
-				}
-				if key != keyOther {
-					f[key] = field{start: vs, end: ve, kind: kindString, esc: vesc}
-				}
-				i = ve + 1
-			} else {
-				vs := i
-				if i, err = skipValue(b, i); err != nil {
-					return err
-				}
-				if key != keyOther {
-					kind := uint8(kindOther)
-					if b[vs] == 'n' { // skipValue accepted it, so it is null
-						kind = kindNull
-					}
-					f[key] = field{start: vs, end: i, kind: kind}
-				}
 			}
 			i = skipWS(b, i)
 			if i >= len(b) {
@@ -194,6 +148,71 @@ func scanObject(b []byte, f *[numKeys]field) error {
 	}
 	if i = skipWS(b, i); i != len(b) {
 		return malformed(i, "data after the end of the object")
+	}
+	return nil
+}
+
+// scanMember scans one "key": value member of an object starting at b[i] (the key's
+// opening quote), records the value if its key is one the envelope keeps, and returns
+// the offset after the value.
+func scanMember(b []byte, i int, f *[numKeys]field) (int, error) {
+	ks := i + 1
+	ke, kesc, err := scanString(b, ks)
+	if err != nil {
+		return i, err
+	}
+	key := classifyKey(b[ks:ke], kesc)
+	i = skipWS(b, ke+1)
+	if i >= len(b) || b[i] != ':' {
+		return i, malformed(i, "expected ':' after key")
+	}
+	i = skipWS(b, i+1)
+	if i >= len(b) {
+		return i, malformed(i, "unexpected end of line, expected value")
+	}
+	if b[i] == '"' {
+		vs := i + 1
+		ve, vesc, err := scanString(b, vs)
+		if err != nil {
+			return i, err
+		}
+		if key != keyOther {
+			f[key] = field{start: vs, end: ve, kind: kindString, esc: vesc}
+		}
+		return ve + 1, nil
+	}
+	vs := i
+	if i, err = skipValue(b, i); err != nil {
+		return i, err
+	}
+	if key != keyOther {
+		kind := uint8(kindOther)
+		if b[vs] == 'n' { // skipValue accepted it, so it is null
+			kind = kindNull
+		}
+		f[key] = field{start: vs, end: i, kind: kind}
+	}
+	return i, nil
+}
+
+// checkFields checks the kinds of the envelope's values: a string type, and id,
+// parentId and targetId strings where present (the latter two may be null).
+func checkFields(f *[numKeys]field) error {
+	switch f[keyType].kind {
+	case kindString:
+	case kindAbsent:
+		return malformed(0, "missing type")
+	default:
+		return malformed(f[keyType].start, "type is not a string")
+	}
+	if k := f[keyID].kind; k != kindAbsent && k != kindString {
+		return malformed(f[keyID].start, "id is not a string")
+	}
+	if k := f[keyParentID].kind; k == kindOther {
+		return malformed(f[keyParentID].start, "parentId is neither a string nor null")
+	}
+	if k := f[keyTargetID].kind; k == kindOther {
+		return malformed(f[keyTargetID].start, "targetId is neither a string nor null")
 	}
 	return nil
 }
