@@ -7,12 +7,15 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
 )
 
 // Options select and shape a recovery.
@@ -37,7 +40,10 @@ type Recoverer struct {
 
 	mu      sync.Mutex
 	claimed map[string]string // output path → key that claimed it in this run
-	doneMu  sync.Mutex        // serializes reports and OnDone
+	// superseded maps a key of the run whose head names the same file as a newer head
+	// of the run to the key of that head (see supersededKeys); set by Run.
+	superseded map[string]string
+	doneMu     sync.Mutex // serializes reports and OnDone
 }
 
 // New returns a Recoverer reading from m.
@@ -138,6 +144,9 @@ func (r *Recoverer) Run(ctx context.Context, sel Selection) []Report {
 	for i := range todo {
 		todo[i] = i
 	}
+	r.mu.Lock()
+	r.superseded = supersededKeys(sel, r.opts.Out, r.opts.Roots)
+	r.mu.Unlock()
 	c := r.startCommitter(reports)
 	if streamWorth(len(keys), sel.owned, r.opts.Parallel) {
 		todo = r.stream(ctx, sel, todo, c)
@@ -289,6 +298,9 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 		return fail(Refused, err)
 	}
 	rep.Output = t.path()
+	if err := r.supersededBy(key, head); err != nil {
+		return fail(Refused, err)
+	}
 	if other := r.claim(rep.Output, key); other != "" {
 		return fail(Refused, fmt.Errorf("conversation %s of this run is rebuilt at the same path", other))
 	}
@@ -355,6 +367,93 @@ func (r *Recoverer) inspectTarget(t target, plan *Plan, held func() map[string]b
 	}
 	defer root.Close()
 	return inspect(root, t.rel, plan, held)
+}
+
+// supersededKeys finds the keys of sel whose heads place their files at one path (the
+// recorded root and path, or the same name under Options.Out) and returns, for each of
+// them but the one of the newest head, that key. One file mirrored under two keys (a
+// clash key handed to another file after a restart or a replacement, a file given a new
+// key after it moved) leaves two heads naming it, the older one stale: recovering both
+// would write whichever came first and refuse the other, in an order that depends on
+// timing (torture T3). The newest head wins whatever the order the conversations are
+// read in; the others are refused, each naming the winner.
+func supersededKeys(sel Selection, out string, roots []string) map[string]string {
+	best := map[string]string{}   // path → key of the newest head placing its file there
+	placed := map[string]string{} // key → path
+	for _, k := range sel.Keys {
+		h, ok := sel.heads[k]
+		if !ok {
+			continue
+		}
+		at, ok := placeOf(h, out, roots)
+		if !ok {
+			continue
+		}
+		placed[k] = at
+		if b, ok := best[at]; !ok || newerHead(h, k, sel.heads[b], b) {
+			best[at] = k
+		}
+	}
+	superseded := map[string]string{}
+	for k, at := range placed {
+		if w := best[at]; w != k {
+			superseded[k] = w
+		}
+	}
+	return superseded
+}
+
+// placeOf is where recovery writes the file of the conversation whose head is h, as far
+// as the head tells (targetFor decides from the rebuilt file): false when it cannot tell.
+func placeOf(h mirror.Head, out string, roots []string) (string, bool) {
+	if h.Root == "" || h.Source == "" {
+		return "", false
+	}
+	if out != "" && (h.Cwd == "" || h.Conversation == "" || !strings.HasSuffix(path.Base(h.Source), "_"+h.Conversation+".jsonl")) {
+		return "", false // the directory or the name would come from the header line
+	}
+	t, err := targetFor(&Plan{Root: h.Root, Source: h.Source, Header: session.Header{ID: h.Conversation, Cwd: h.Cwd}}, out, roots)
+	if err != nil {
+		return "", false
+	}
+	return t.path(), true
+}
+
+// newerHead reports whether head a (of key ak) describes the file more recently than
+// head b (of key bk): a file still there beats a deleted one, then the head whose last
+// line was stored later (stream sequences grow with time across conversations), then
+// the later update; the key decides a tie, so that the outcome never depends on order.
+func newerHead(a mirror.Head, ak string, b mirror.Head, bk string) bool {
+	switch {
+	case a.LocalDeleted != b.LocalDeleted:
+		return !a.LocalDeleted
+	case a.LastSeq != b.LastSeq:
+		return a.LastSeq > b.LastSeq
+	case !a.UpdatedAt.Equal(b.UpdatedAt):
+		return a.UpdatedAt.After(b.UpdatedAt)
+	}
+	return ak < bk
+}
+
+// supersededBy refuses key when another key of the run has a newer head naming the same
+// file (see supersededKeys).
+func (r *Recoverer) supersededBy(key string, head *mirror.Head) error {
+	r.mu.Lock()
+	w, ok := r.superseded[key]
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	stale := ""
+	if head != nil {
+		stale = fmt.Sprintf(" (it names %s, last line at stream sequence %d)", filepath.Join(head.Root, filepath.FromSlash(head.Source)), head.LastSeq)
+	}
+	alone := ""
+	if clashOf(key) != "" {
+		alone = fmt.Sprintf("; --conversation %s --out DIR rebuilds it alone", key)
+	}
+	return fmt.Errorf("superseded: conversation %s of this run is rebuilt at the same path and its head is newer; this key's head is stale%s%s",
+		w, stale, alone)
 }
 
 func (r *Recoverer) claim(path, key string) string {
