@@ -143,7 +143,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 	it.slot = true
 	st.mu.Lock()
-	wait := st.live && len(st.queue) > 0 // sent, fenced, once the line before resolves
+	wait := st.live(it) && len(st.queue) > 0 // sent, fenced, once the line before resolves
 	it.waiting = wait
 	st.queue = append(st.queue, it)
 	st.seenEnd = max(st.seenEnd, it.end)
@@ -621,14 +621,17 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		p.noteDirty(st)
 	}
 	p.release(released)
-	// A live file's lines go one at a time again: the first now, each next one when the
-	// one before it resolves.
+	// Live lines go one at a time again: back-filled ones now, the first live one now
+	// only if nothing is before it, each next one when the one before it resolves.
 	st.mu.Lock()
-	if st.live && len(resend) > 1 {
-		for _, it := range resend[1:] {
-			it.waiting = true
+	for k, it := range resend {
+		if k > 0 && st.live(it) {
+			for _, w := range resend[k:] {
+				w.waiting = true
+			}
+			resend = resend[:k]
+			break
 		}
-		resend = resend[:1]
 	}
 	st.mu.Unlock()
 	// Ends the pause before resending: a resend that fails starts a new reconciliation.

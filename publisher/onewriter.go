@@ -27,10 +27,13 @@ import (
 //     (mirror.Writer.PutHead), and learns from it which generation the store writes; at a
 //     resume, a file that is not exactly the store's lines so far starts a new generation.
 //
-// Lines sent behind the fenced one (a burst read at once) are not fenced, so a store
-// append landing within the microseconds between two of them is not excluded; a local
-// file and the store writing one conversation in the same instant is the drift this rule
-// reports, not a case it can order.
+// Lines appended since the file was opened go one at a time, each sent once the one
+// before it is acknowledged and fenced on it, however fast they come. The lines a file
+// held when it was opened (a back-fill, or lines written while the daemon was stopped)
+// are pipelined behind the fenced first one: serializing them would double the CPU a
+// back-fill costs and halve its speed (bench/RESULTS.md, CPU per line). A store append
+// landing between two of them is not excluded; the runbook's cut-over precondition (the
+// owner's files verified identical, so no back-fill is left) is what keeps it away.
 
 // storeGenOf returns the generation the session store writes for key, as far as this
 // daemon has learnt (0: none).

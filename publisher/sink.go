@@ -105,7 +105,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.m.notSession.Inc()
 		return watcher.Start{Skip: true}, nil
 	}
-	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum}
+	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size}
 	start := watcher.Start{}
 	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
 		ok, err := verifyLastLine(f.Path, rec)

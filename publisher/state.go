@@ -57,10 +57,11 @@ type fileState struct {
 	storeGen  int    // the generation the session store writes (0: none known)
 	fenceSeq  uint64 // newest sequence of the conversation's subject known besides acked.StreamSeq
 	takenOver bool   // another writer extended acked.Generation: the file waits to be reopened
-	// live: the file's queue has drained once since it was opened, so its lines are
-	// appends as they happen: each is sent once the one before it is acknowledged,
-	// fenced on it (onewriter.go). Before that (a back-fill) lines are pipelined.
-	live bool
+	// liveFrom is the file's size when it was opened. Lines ending past it are appends
+	// made since: each is sent once the one before it is acknowledged, fenced on it
+	// (onewriter.go). The lines the file held when opened (a back-fill) are pipelined,
+	// however often the queue drains while the watcher reads them.
+	liveFrom int64
 }
 
 // heldLine is a line the mirror holds: its digest and stream sequence.
@@ -185,10 +186,12 @@ func (st *fileState) advance() (released int64, n int) {
 	}
 	if len(st.queue) == 0 {
 		st.queue = nil
-		st.live = true
 	}
 	return released, n
 }
+
+// live reports whether it was appended after the file was opened (see liveFrom).
+func (st *fileState) live(it *item) bool { return it.end > st.liveFrom }
 
 // oldestSeen is when the oldest unresolved line was read.
 func (st *fileState) oldestSeen() time.Time {
