@@ -36,21 +36,31 @@ const defaultRecheck = 24 * time.Hour
 // so the same count is the same messages, and a lost or deleted one changes it. An idle
 // host with ten thousand sessions then verifies each once and afterwards costs a stat
 // per file and pass, where reading them all again would take a few percent of a core.
+//
+// With StateFile set the verdicts outlive the process: a restarted daemon (a reboot, an
+// upgrade of the fleet) reads again only the files that changed while it was down, instead
+// of every file of the host one interval after every start.
 type Background struct {
 	Mirror   BackgroundMirror
 	List     func() []Target // the files to verify, read at the start of each pass
 	Interval time.Duration
 	Rate     float64       // files per second
 	Recheck  time.Duration // 0: a day
-	Logger   *zap.Logger
-	Metrics  *VerifyMetrics
+	// StateFile, if set, is where the verdicts are kept between runs (in the daemon's
+	// state directory): read at the first pass, replaced at the end of each pass that
+	// changed them. A missing or unreadable file costs one read of every file.
+	StateFile string
+	Logger    *zap.Logger
+	Metrics   *VerifyMetrics
 	// OnDrift, if set, is called for each file found to differ from its mirror copy.
 	// The daemon reopens the file as a rewrite there, so that drift starts a new
 	// generation instead of only being reported (verify imports no watcher: DESIGN §7).
 	OnDrift func(Target, Drift)
 
-	now   func() time.Time // tests move time
-	known map[string]verdict
+	now       func() time.Time // tests move time
+	known     map[string]verdict
+	dirty     bool // known changed since it was saved
+	saveError bool // the last save failed (logged once until one succeeds)
 }
 
 // verdict is what a file and its conversation were when the file was found identical.
@@ -91,7 +101,7 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 		b.Logger = zap.NewNop()
 	}
 	if b.known == nil {
-		b.known = map[string]verdict{}
+		b.known = loadVerdicts(b.StateFile, b.Logger)
 	}
 	recheck := b.Recheck
 	if recheck <= 0 {
@@ -108,9 +118,14 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 	byRoot := map[string]*counts{}
 	listed := map[string]bool{}
 	read := 0
+	targets := b.List()
+	if ctx.Err() != nil {
+		return // List gave up: an empty list must not drop the verdicts
+	}
+	defer b.save() // also when stopped halfway: what was read need not be read again
 	tick := time.NewTicker(pace)
 	defer tick.Stop()
-	for _, t := range b.List() {
+	for _, t := range targets {
 		c := byRoot[t.Root]
 		if c == nil {
 			c = &counts{}
@@ -124,7 +139,9 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 			c.identical++
 			continue
 		}
-		delete(b.known, t.Path)
+		if msgs != nil {
+			b.forget(t.Path) // stale; without the counts, a failed request says nothing of it
+		}
 		read++
 		select {
 		case <-ctx.Done():
@@ -141,6 +158,7 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 			c.failed++
 			b.Logger.Debug("background verification failed", zap.String("path", t.Path), zap.Error(err))
 		case d.Drifted():
+			b.forget(t.Path)
 			c.drifted++
 			b.Logger.Warn("local file and mirror differ", zap.String("path", t.Path), zap.Any("drift", d.Counts()))
 			if b.OnDrift != nil {
@@ -150,12 +168,16 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 			c.identical++
 			if statErr == nil && msgs != nil {
 				b.known[t.Path] = verdict{key: t.Key, size: info.Size(), mtime: info.ModTime(), msgs: msgs[t.Key], at: now}
+				b.dirty = true
 			}
 		}
 	}
-	for path := range b.known {
-		if !listed[path] {
-			delete(b.known, path) // no longer the daemon's
+	for path, v := range b.known {
+		// A file not listed now (gone, or not synced yet at the first pass after a
+		// start) keeps its verdict until it expires: the verdict still needs the same
+		// size, modification time and message count to be used.
+		if !listed[path] && b.now().Sub(v.at) >= recheck {
+			b.forget(path)
 		}
 	}
 	b.Logger.Debug("verification pass", zap.Int("files", len(listed)), zap.Int("read", read))
@@ -174,6 +196,32 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 	}
 	b.Metrics.passes.Inc()
 	b.Metrics.lastPass.SetToCurrentTime()
+}
+
+// forget drops the verdict of path, if any.
+func (b *Background) forget(path string) {
+	if _, ok := b.known[path]; ok {
+		delete(b.known, path)
+		b.dirty = true
+	}
+}
+
+// save writes the verdicts to StateFile if they changed. A failure is logged once until a
+// save succeeds again; the verdicts stay in memory and the next pass tries again.
+func (b *Background) save() {
+	if b.StateFile == "" || !b.dirty {
+		return
+	}
+	if err := saveVerdicts(b.StateFile, b.known); err != nil {
+		lvl := zap.WarnLevel
+		if b.saveError {
+			lvl = zap.DebugLevel
+		}
+		b.Logger.Log(lvl, "cannot save the verification verdicts; a restart will read every file again", zap.Error(err))
+		b.saveError = true
+		return
+	}
+	b.dirty, b.saveError = false, false
 }
 
 // VerifyMetrics describe background verification.

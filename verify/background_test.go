@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/mirror"
@@ -25,32 +28,44 @@ func (s *scanCounter) Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanO
 	return s.BackgroundMirror.Scan(ctx, c, opts, fn)
 }
 
-// TestBackgroundRereadsOnlyWhatChanged: a pass reads every file; the next ones read only
-// a file that changed, a file whose conversation gained or lost messages in the mirror,
-// and any file last read longer than Recheck ago, and still count every file verified. A
-// file found drifted is read again on every pass.
-func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
+// extraLine is a line appended to a golden session by the tests.
+var extraLine = []byte(`{"type":"message","id":"e00000aa","parentId":"e0000007","timestamp":"2026-11-01T09:00:09.000Z","message":{"role":"user","content":[]}}`)
+
+// goldenFile is a session file of testdata written to a test's root and mirrored.
+type goldenFile struct {
+	path  string
+	lines [][]byte
+	m     mirrortest.Mirrored
+}
+
+// mirroredGolden writes three golden sessions to a new root, mirrors them on a new server
+// and returns them as background verification's targets.
+func mirroredGolden(t *testing.T) (*mirrortest.Mirror, string, []goldenFile, []Target) {
+	t.Helper()
 	tm := mirrortest.New(t)
-	ctx := mirrortest.Ctx(t)
 	dir := t.TempDir()
-	golden := filepath.Join("testdata", "sessions")
-	type file struct {
-		path  string
-		lines [][]byte
-		m     mirrortest.Mirrored
-	}
-	var files []file
+	var files []goldenFile
 	var targets []Target
 	for _, name := range []string{"complete", "missing_middle", "two_children_missing_parent"} {
-		lines := mirrortest.ReadLines(t, filepath.Join(golden, name, "input.jsonl"))
+		lines := mirrortest.ReadLines(t, filepath.Join("testdata", "sessions", name, "input.jsonl"))
 		m := mirrortest.MirrorFile(t, lines, 1, 0)
 		head := mirrortest.DaemonHead(lines, m, 1)
 		tm.Publish(t, m, m.Msgs, &head)
 		path := filepath.Join(dir, name+".jsonl")
 		mirrortest.WriteFile(t, path, mirrortest.JoinLines(lines))
-		files = append(files, file{path, lines, m})
+		files = append(files, goldenFile{path, lines, m})
 		targets = append(targets, Target{Root: dir, Path: path, Key: m.Conv})
 	}
+	return tm, dir, files, targets
+}
+
+// TestBackgroundRereadsOnlyWhatChanged: a pass reads every file; the next ones read only
+// a file that changed, a file whose conversation gained or lost messages in the mirror,
+// and any file last read longer than Recheck ago, and still count every file verified. A
+// file found drifted is read again on every pass.
+func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
+	tm, dir, files, targets := mirroredGolden(t)
+	ctx := mirrortest.Ctx(t)
 	sc := &scanCounter{BackgroundMirror: tm.Reader}
 	metrics := NewVerifyMetrics()
 	reg := prometheus.NewRegistry()
@@ -85,14 +100,13 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	pass(0, 3, 0) // nothing changed: nothing read, every file still verified
 
 	// A line appended to a file (pending, not drift) has it read again.
-	newLine := []byte(`{"type":"message","id":"e00000aa","parentId":"e0000007","timestamp":"2026-11-01T09:00:09.000Z","message":{"role":"user","content":[]}}`)
-	mirrortest.WriteFile(t, files[0].path, mirrortest.JoinLines(append(append([][]byte(nil), files[0].lines...), newLine)))
+	mirrortest.WriteFile(t, files[0].path, mirrortest.JoinLines(append(append([][]byte(nil), files[0].lines...), extraLine)))
 	pass(1, 3, 0)
 	pass(0, 3, 0)
 
 	// A message more in the mirror (a line the file lacks) has it read again: a drift,
 	// found again on every pass.
-	more := mirrortest.MirrorFile(t, append(append([][]byte(nil), files[1].lines...), newLine), 1, 0)
+	more := mirrortest.MirrorFile(t, append(append([][]byte(nil), files[1].lines...), extraLine), 1, 0)
 	tm.Publish(t, more, more.Msgs[len(more.Msgs)-1:], nil)
 	pass(1, 2, 1)
 	pass(1, 2, 1)
@@ -111,4 +125,92 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	clock = clock.Add(time.Hour)
 	pass(3, 1, 2)
 	pass(2, 1, 2)
+}
+
+// TestBackgroundVerdictsOutliveRestart (issue 15): the verdicts were kept in memory only,
+// so the first pass after every start — one interval after a reboot or an upgrade of the
+// fleet — read every file from the mirror again. A Background restarted on the same state
+// file reads only what changed while it was down; a state file it cannot use costs one
+// read of every file, and a warning, never a wrong verdict.
+func TestBackgroundVerdictsOutliveRestart(t *testing.T) {
+	type env struct {
+		tm    *mirrortest.Mirror
+		files []goldenFile
+		state string
+	}
+	cases := []struct {
+		name      string
+		down      func(t *testing.T, e env) // what happens while the daemon is stopped
+		later     time.Duration             // how long it stays stopped
+		wantReads int32
+		wantWarn  bool
+	}{
+		{name: "nothing changed", down: func(*testing.T, env) {}, wantReads: 0},
+		{name: "a file appended to", wantReads: 1, down: func(t *testing.T, e env) {
+			f := e.files[0]
+			mirrortest.WriteFile(t, f.path, mirrortest.JoinLines(append(append([][]byte(nil), f.lines...), extraLine)))
+		}},
+		{name: "a message more in the mirror", wantReads: 1, down: func(t *testing.T, e env) {
+			more := mirrortest.MirrorFile(t, append(append([][]byte(nil), e.files[1].lines...), extraLine), 1, 0)
+			e.tm.Publish(t, more, more.Msgs[len(more.Msgs)-1:], nil)
+		}},
+		{name: "verdicts older than Recheck", down: func(*testing.T, env) {}, later: time.Hour, wantReads: 3},
+		{name: "state file missing", wantReads: 3, down: func(t *testing.T, e env) {
+			if err := os.Remove(e.state); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "state file corrupt", wantReads: 3, wantWarn: true, down: func(t *testing.T, e env) {
+			writeState(t, e.state, `{"version":1,"verdicts":{"/a":`)
+		}},
+		{name: "state file of another version", wantReads: 3, wantWarn: true, down: func(t *testing.T, e env) {
+			writeState(t, e.state, `{"version":99,"verdicts":{}}`)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tm, _, files, targets := mirroredGolden(t)
+			ctx := mirrortest.Ctx(t)
+			state := filepath.Join(t.TempDir(), "verified.json")
+			clock := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+			start := func(log *zap.Logger) (*Background, *scanCounter) {
+				sc := &scanCounter{BackgroundMirror: tm.Reader}
+				return &Background{Mirror: sc, List: func() []Target { return targets }, Rate: 1000, Recheck: time.Hour,
+					StateFile: state, Logger: log, now: func() time.Time { return clock }}, sc
+			}
+			b, sc := start(nil)
+			b.pass(ctx, time.Millisecond)
+			if got := sc.scans.Load(); got != 3 {
+				t.Fatalf("first pass read %d files, want 3", got)
+			}
+
+			tc.down(t, env{tm, files, state})
+			clock = clock.Add(tc.later)
+			core, logs := observer.New(zap.WarnLevel)
+			b, sc = start(zap.New(core))
+			b.pass(ctx, time.Millisecond)
+			if got := sc.scans.Load(); got != tc.wantReads {
+				t.Errorf("first pass after the restart read %d files, want %d", got, tc.wantReads)
+			}
+			// The restarted daemon saved what it found (over an unreadable file too): after
+			// another restart it reads nothing but a drifted file, read on every pass.
+			unproven := 3 - int32(len(b.known))
+			b, sc = start(nil)
+			b.pass(ctx, time.Millisecond)
+			if got := sc.scans.Load(); got != unproven {
+				t.Errorf("first pass after a second restart read %d files, want the %d without a verdict", got, unproven)
+			}
+			warns := logs.FilterMessageSnippet("saved verification verdicts").Len()
+			if tc.wantWarn && warns != 1 || !tc.wantWarn && warns != 0 {
+				t.Errorf("%d warnings about the state file, want one if and only if it is unreadable", warns)
+			}
+		})
+	}
+}
+
+func writeState(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -4,5 +4,6 @@
 // line by line by digest, and Background does the same continuously for the daemon,
 // reading again only what changed.
 //
-// It reads the mirror and never writes, neither to it nor to a session file.
+// It reads the mirror and never writes, neither to it nor to a session file; the only
+// file it writes is Background's record of its verdicts, in the daemon's state directory.
 package verify

@@ -146,7 +146,7 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.natsURL, "nats", "", "NATS server URL(s), comma-separated; empty: the embedded server")
 	fs.StringVar(&c.natsListen, "nats-listen", "127.0.0.1:4222", "where the embedded server listens (run), or is reached (other commands); loopback unless --nats-listen-public")
 	fs.BoolVar(&c.listenPublic, "nats-listen-public", false, "let the embedded server listen on a non-loopback --nats-listen address (it has no authentication and no TLS)")
-	fs.StringVar(&c.stateDir, "state-dir", filepath.Join(homeDir(), ".local", "state", "pisync"), "state directory: checkpoints and the embedded server's store")
+	fs.StringVar(&c.stateDir, "state-dir", filepath.Join(homeDir(), ".local", "state", "pisync"), "state directory: checkpoints, verification verdicts and the embedded server's store")
 	fs.StringVar(&c.tenant, "tenant", "default", "tenant this daemon publishes under")
 	fs.StringVar(&c.owner, "owner", defaultOwner(), "owner this daemon publishes under")
 	fs.StringVar(&c.prefix, "prefix", "pisync", "name prefix of the stream, buckets and subjects")

@@ -277,7 +277,9 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 	}
 	bg := &verify.Background{
 		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
-		Logger: d.log.Named("verify"), Metrics: vm,
+		// Kept across restarts: a restarted daemon reads only the files that changed.
+		StateFile: filepath.Join(d.f.conn.stateDir, "verified.json"),
+		Logger:    d.log.Named("verify"), Metrics: vm,
 		OnDrift: func(t verify.Target, _ verify.Drift) {
 			// Drift is a rewrite the watcher did not see (or a hole in the mirror):
 			// reopening compares the whole file with the mirror, republishes what is
