@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"hash/fnv"
 	"os"
 	"time"
 
@@ -32,7 +33,8 @@ const defaultRecheck = 24 * time.Hour
 //
 // A file found identical is not read again while neither it (size, modification time)
 // nor its conversation in the mirror (message count, one request per pass for all of
-// them) has changed, for up to Recheck: JetStream messages are never modified in place,
+// them) has changed, for up to Recheck (three quarters of it to all of it, by file, so
+// that the daily re-reads spread): JetStream messages are never modified in place,
 // so the same count is the same messages, and a lost or deleted one changes it. An idle
 // host with ten thousand sessions then verifies each once and afterwards costs a stat
 // per file and pass, where reading them all again would take a few percent of a core.
@@ -135,7 +137,7 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 		info, statErr := os.Stat(t.Path)
 		now := b.now()
 		if v, ok := b.known[t.Path]; ok && statErr == nil && msgs != nil && v.key == t.Key &&
-			v.size == info.Size() && v.mtime.Equal(info.ModTime()) && v.msgs == msgs[t.Key] && now.Sub(v.at) < recheck {
+			v.size == info.Size() && v.mtime.Equal(info.ModTime()) && v.msgs == msgs[t.Key] && now.Sub(v.at) < due(recheck, t.Path) {
 			c.identical++
 			continue
 		}
@@ -176,7 +178,7 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 		// A file not listed now (gone, or not synced yet at the first pass after a
 		// start) keeps its verdict until it expires: the verdict still needs the same
 		// size, modification time and message count to be used.
-		if !listed[path] && b.now().Sub(v.at) >= recheck {
+		if !listed[path] && b.now().Sub(v.at) >= due(recheck, path) {
 			b.forget(path)
 		}
 	}
@@ -196,6 +198,18 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 	}
 	b.Metrics.passes.Inc()
 	b.Metrics.lastPass.SetToCurrentTime()
+}
+
+// due is how long the verdict of the file at path holds: between three quarters of
+// recheck and recheck, by the path's hash. The files a host found identical in one pass
+// (all of them after its first start, or a fleet's after an upgrade) would otherwise
+// come due in one pass again a day later, every day; spread, each file's day has its own
+// length, and their re-reads drift apart over the following passes.
+func due(recheck time.Duration, path string) time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(path))
+	frac := float64(h.Sum64()>>11) / (1 << 53) // [0, 1)
+	return recheck - time.Duration(frac*float64(recheck)/4)
 }
 
 // forget drops the verdict of path, if any.

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -212,5 +213,50 @@ func writeState(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBackgroundSpreadsRecheck: files found identical in one pass (every file of a host
+// after its first start, of a fleet after an upgrade) come due again over the last
+// quarter of Recheck, not all in one pass a day later.
+func TestBackgroundSpreadsRecheck(t *testing.T) {
+	const copies = 40
+	tm, dir, files, _ := mirroredGolden(t)
+	ctx := mirrortest.Ctx(t)
+	var targets []Target // copies of one mirrored file: each is identical to the conversation
+	for i := range copies {
+		path := filepath.Join(dir, fmt.Sprintf("copy-%02d.jsonl", i))
+		mirrortest.WriteFile(t, path, mirrortest.JoinLines(files[0].lines))
+		targets = append(targets, Target{Root: dir, Path: path, Key: files[0].m.Conv})
+	}
+	sc := &scanCounter{BackgroundMirror: tm.Reader}
+	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	clock := start
+	b := &Background{Mirror: sc, List: func() []Target { return targets }, Rate: 1000, Recheck: 24 * time.Hour,
+		now: func() time.Time { return clock }}
+	b.pass(ctx, time.Millisecond)
+	if got := sc.scans.Load(); got != copies {
+		t.Fatalf("first pass read %d files, want %d", got, copies)
+	}
+	// Passes every hour through the day after: nothing before 18 h, everything by 24 h,
+	// no pass reading more than a third of the files.
+	var most int32
+	for h := 1; h <= 24; h++ {
+		clock = start.Add(time.Duration(h) * time.Hour)
+		sc.scans.Store(0)
+		b.pass(ctx, time.Millisecond)
+		n := sc.scans.Load()
+		if h < 18 && n > 0 {
+			t.Errorf("after %d h: %d files read again, want none before three quarters of Recheck", h, n)
+		}
+		most = max(most, n)
+	}
+	for _, tg := range targets {
+		if v := b.known[tg.Path]; !v.at.After(start) {
+			t.Errorf("%s not read again within Recheck", tg.Path)
+		}
+	}
+	if most > copies/3 {
+		t.Errorf("one pass read %d of the %d files again, want the re-reads spread", most, copies)
 	}
 }
