@@ -260,3 +260,49 @@ func TestBackgroundSpreadsRecheck(t *testing.T) {
 		t.Errorf("one pass read %d of the %d files again, want the re-reads spread", most, copies)
 	}
 }
+
+// TestBackgroundKeepsVerdictsOfUnlistedFiles: right after a start a file may not be
+// listed yet (its publisher not synced), and a restart may find the temporary file of a
+// save cut by a crash. The verdict of an unlisted file is kept until it expires, and the
+// temporary file is removed.
+func TestBackgroundKeepsVerdictsOfUnlistedFiles(t *testing.T) {
+	tm, _, _, targets := mirroredGolden(t)
+	ctx := mirrortest.Ctx(t)
+	state := filepath.Join(t.TempDir(), "verified.json")
+	clock := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	listed := targets
+	start := func() (*Background, *scanCounter) {
+		sc := &scanCounter{BackgroundMirror: tm.Reader}
+		return &Background{Mirror: sc, List: func() []Target { return listed }, Rate: 1000, Recheck: time.Hour,
+			StateFile: state, now: func() time.Time { return clock }}, sc
+	}
+	pass := func(b *Background, sc *scanCounter, want int32, when string) {
+		t.Helper()
+		sc.scans.Store(0)
+		b.pass(ctx, time.Millisecond)
+		if got := sc.scans.Load(); got != want {
+			t.Errorf("%s: %d files read, want %d", when, got, want)
+		}
+	}
+	b, sc := start()
+	pass(b, sc, 3, "first start")
+	torn := state + ".tmp-123"
+	writeState(t, torn, `{"version":1,"verd`)
+
+	listed = targets[:1]
+	b, sc = start()
+	pass(b, sc, 0, "restart, one file listed")
+	if _, err := os.Stat(torn); !os.IsNotExist(err) {
+		t.Errorf("the temporary file of a save cut short is still there: %v", err)
+	}
+	listed = targets
+	b, sc = start()
+	pass(b, sc, 0, "restart, every file listed")
+
+	// Expired, an unlisted file's verdict is dropped: read again once listed.
+	listed = targets[:1]
+	clock = clock.Add(time.Hour)
+	pass(b, sc, 1, "an hour later, one file listed")
+	listed = targets
+	pass(b, sc, 2, "every file listed again")
+}
