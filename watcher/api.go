@@ -51,7 +51,8 @@ const (
 	// Moved means the same FileID was seen at a new path within the roots (renamed or
 	// moved); the old path gets no Gone.
 	Moved
-	// Truncated means the size fell below what was already delivered, or the bytes
+	// Truncated means the size fell below what was already delivered or below the size
+	// of the last call (the sink may have compared the file at that size), or the bytes
 	// already delivered were rewritten in place (the header line or the newline ending
 	// the last delivered line changed).
 	Truncated

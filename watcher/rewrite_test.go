@@ -212,15 +212,7 @@ func TestRewriteDuringRead(t *testing.T) {
 			var once sync.Once
 			sink.line = func(f File, l Line) error {
 				if l.Ordinal == at {
-					once.Do(func() {
-						b := make([][]byte, len(repl))
-						for i, s := range repl {
-							b[i] = []byte(s)
-						}
-						if err := sessiontest.Rewrite(p, b); err != nil {
-							t.Error(err)
-						}
-					})
+					once.Do(func() { rewriteLines(t, p, repl) })
 				}
 				return nil
 			}
@@ -243,6 +235,18 @@ func TestRewriteDuringRead(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// rewriteLines rewrites path in place as Pi does (sessiontest.Rewrite). It may run on a
+// watcher goroutine (a sink hook): it reports with t.Error, not t.Fatal.
+func rewriteLines(t *testing.T, path string, lines []string) {
+	b := make([][]byte, len(lines))
+	for i, s := range lines {
+		b[i] = []byte(s)
+	}
+	if err := sessiontest.Rewrite(path, b); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -358,11 +362,17 @@ func TestRewriteAfterResumeIsRechecked(t *testing.T) {
 	waitLines(t, sink, p, old[4:]...)
 	repl := slices.Clone(old)
 	repl[2] = strings.Replace(repl[2], "resu0002", "RESU0002", 1)
-	b := make([][]byte, len(repl))
-	for i, s := range repl {
-		b[i] = []byte(s)
+	// The changed bytes are written over the old ones, the file never shorter: a run that
+	// saw a rewrite half done (truncated) would reopen the file as Truncated, not the
+	// Rechecked this test is about.
+	fh, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := sessiontest.Rewrite(p, b); err != nil {
+	if _, err := fh.WriteAt([]byte(joinLines(repl...)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Close(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the whole file after a Rechecked open", func() bool {
@@ -400,4 +410,47 @@ func TestRewriteWhileAwayIsRechecked(t *testing.T) {
 	if r := sink.reasons(p); r[len(r)-1] != Rechecked {
 		t.Fatalf("opens %v", r)
 	}
+}
+
+// TestShrinkAfterOpenIsTruncated: torture T11 (seed 724214427034). A file replaced by
+// rename is opened (Replaced) at its new size; before anything of it is delivered, Pi
+// truncates it in place to its first lines. Nothing delivered changed (the tail is at the
+// start, the header stays), but the sink was told a size, and compared that content with
+// its mirror, that the file no longer has: it is opened again as Truncated, at its new
+// size. Before the fix the tail went on from the start without a reopen, and the sink
+// kept the old size (the daemon reported the vanished bytes as backlog forever).
+func TestShrinkAfterOpenIsTruncated(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("shrunken", 3)
+	writeFile(t, p, joinLines(old...))
+	repl := session("shrunken", 40)
+	short := repl[:3]
+	sink := newRecSink()
+	var once sync.Once
+	sink.open = func(f File, why OpenReason) (Start, error) {
+		if why == Replaced {
+			once.Do(func() { rewriteLines(t, p, short) })
+		}
+		return Start{}, nil
+	}
+	h := start(t, sink, []string{root}, nil)
+	h.ready(t)
+	waitLines(t, sink, p, old...)
+	tmp := filepath.Join(root, ".s.jsonl.tmp")
+	writeFile(t, tmp, joinLines(repl...))
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(len(joinLines(short...)))
+	waitFor(t, "an open at the shrunken size", func() bool {
+		opens := sink.find("open", p)
+		return len(opens) > 0 && opens[len(opens)-1].f.Size == want
+	})
+	if r := sink.reasons(p); len(r) != 3 || r[1] != Replaced || r[2] != Truncated {
+		t.Fatalf("opens %v, want [discovered replaced truncated]", r)
+	}
+	waitFor(t, "the short content after the reopen", func() bool {
+		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(short, "\n")
+	})
 }
