@@ -152,10 +152,7 @@ func TestClashKeysStableAfterStateLoss(t *testing.T) {
 	srv := natstest.Run(t)
 	rng := rand.New(rand.NewPCG(17, 19))
 	root, aside := t.TempDir(), t.TempDir()
-	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
-	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300), orig.Entry(400)); err != nil {
-		t.Fatal(err)
-	}
+	orig := newSession(t, rng, root, 300, 400)
 	origRel, _ := filepath.Rel(root, orig.Path)
 	origRel = filepath.ToSlash(origRel)
 	copyRel := "copy/" + filepath.Base(orig.Path)
@@ -308,10 +305,7 @@ func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
 	ctx, p, _ := publisherOnServer(t)
 	rng := rand.New(rand.NewPCG(37, 39))
 	root := t.TempDir()
-	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
-	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300), orig.Entry(400)); err != nil {
-		t.Fatal(err)
-	}
+	orig := newSession(t, rng, root, 300, 400)
 	stop, _ := startWatcher(t, ctx, p, root)
 	defer stop()
 	mirrored := func(n int) func() bool {
@@ -320,40 +314,16 @@ func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
 			return pr != nil && pr.Mirrored == n && pr.Pending == 0
 		}
 	}
-	// heads maps each source of the conversation's heads to the keys naming it.
-	heads := func() map[string][]mirror.Head {
-		list, err := p.reader.Heads(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string][]mirror.Head{}
-		for _, h := range list {
-			if h.Conversation == orig.ID {
-				out[h.Source] = append(out[h.Source], h)
-			}
-		}
-		return out
-	}
+	heads := func() map[string][]mirror.Head { return headsBySource(t, ctx, p, orig.ID, true) }
 	waitUntil(t, "the original mirrored", mirrored(1))
-	cp := orig.Clone(rng, filepath.Join(root, "copy", filepath.Base(orig.Path)))
-	if err := os.MkdirAll(filepath.Dir(cp.Path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cp.Path, cp.Content(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cp := writeCopy(t, rng, orig, filepath.Join(root, "copy", filepath.Base(orig.Path)))
 	waitUntil(t, "the copy mirrored", mirrored(2))
 	if err := os.Remove(orig.Path); err != nil {
 		t.Fatal(err)
 	}
 	moved := filepath.Join(root, "moved", filepath.Base(orig.Path))
 	movedRel := "moved/" + filepath.Base(orig.Path)
-	if err := os.MkdirAll(filepath.Dir(moved), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(cp.Path, moved); err != nil {
-		t.Fatal(err)
-	}
+	moveFile(t, cp.Path, moved)
 	var clashKey string
 	waitUntil(t, "the copy's head at its new path", func() bool {
 		hs := heads()
@@ -367,13 +337,7 @@ func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
 	}
 	// Replaced by an atomic rename, one line longer.
 	lines := append(append([][]byte(nil), cp.Lines...), cp.Entry(250))
-	tmp := moved + ".tmp"
-	if err := sessiontest.Rewrite(tmp, lines); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, moved); err != nil {
-		t.Fatal(err)
-	}
+	replaceFile(t, moved, lines)
 	waitUntil(t, "the replacement mirrored", func() bool {
 		for _, h := range heads()[movedRel] {
 			if h.LastOrdinal == int64(len(lines)-1) {
@@ -401,17 +365,8 @@ func TestClashReportedAfterRestart(t *testing.T) {
 	srv := natstest.Run(t)
 	rng := rand.New(rand.NewPCG(53, 59))
 	root, stateDir := t.TempDir(), t.TempDir()
-	orig := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
-	if err := orig.Append(orig.HeaderLine("/home/dev/p"), orig.Entry(300)); err != nil {
-		t.Fatal(err)
-	}
-	cp := orig.Clone(rng, filepath.Join(root, "copy", filepath.Base(orig.Path)))
-	if err := os.MkdirAll(filepath.Dir(cp.Path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cp.Path, cp.Content(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	orig := newSession(t, rng, root, 300)
+	writeCopy(t, rng, orig, filepath.Join(root, "copy", filepath.Base(orig.Path)))
 	for run := range 2 {
 		store := openStore(t, stateDir)
 		p := startPublisher(t, ctx, srv.URL(), store)
@@ -428,5 +383,152 @@ func TestClashReportedAfterRestart(t *testing.T) {
 		if n := testutil.ToFloat64(p.m.clashes); n != 1 {
 			t.Errorf("run %d: clashes counted %v, want 1", run, n)
 		}
+	}
+}
+
+// TestReplacementWhileStoppedKeepsKey (torture T3): a copy of a session mirrored under
+// its clash key is moved (the key stays, derived from its old path) and then replaced by
+// an atomic rename while the daemon is stopped. The replacement, opened without a
+// checkpoint of its own, took a new key (the plain id, or the clash key of its new
+// path), so that two keys named one path and recovery could restore the stale one. The
+// path keeps its key: the replaced file's record names it.
+func TestReplacementWhileStoppedKeepsKey(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	rng := rand.New(rand.NewPCG(61, 67))
+	root, stateDir := t.TempDir(), t.TempDir()
+	orig := newSession(t, rng, root, 300, 400)
+	moved := filepath.Join(root, "moved", filepath.Base(orig.Path))
+	movedRel := "moved/" + filepath.Base(orig.Path)
+	start := func() (*Publisher, func()) {
+		store := openStore(t, stateDir)
+		p := startPublisher(t, ctx, srv.URL(), store)
+		stopWatcher, _ := startWatcher(t, ctx, p, root)
+		return p, func() {
+			stopWatcher()
+			if err := p.Close(ctx); err != nil {
+				t.Error(err)
+			}
+			_ = store.Close()
+		}
+	}
+	heads := func(p *Publisher) map[string][]mirror.Head { return headsBySource(t, ctx, p, orig.ID, false) }
+	mirrored := func(p *Publisher, n int) func() bool {
+		return func() bool {
+			pr := p.Progress().Roots[root]
+			return pr != nil && pr.Mirrored == n && pr.Pending == 0
+		}
+	}
+
+	p, stop := start()
+	waitUntil(t, "the original mirrored", mirrored(p, 1))
+	cp := writeCopy(t, rng, orig, filepath.Join(root, "copy", filepath.Base(orig.Path)))
+	waitUntil(t, "the copy mirrored", mirrored(p, 2))
+	moveFile(t, cp.Path, moved)
+	var clashKey string
+	waitUntil(t, "the copy's head at its new path", func() bool {
+		hs := heads(p)[movedRel]
+		if len(hs) == 1 {
+			clashKey = hs[0].Key
+		}
+		return len(hs) == 1
+	})
+	if clashKey == orig.ID {
+		t.Fatalf("the copy mirrors under the plain id %s, want its clash key", clashKey)
+	}
+	stop()
+
+	// Replaced by an atomic rename, one line longer, while the daemon is stopped.
+	lines := append(append([][]byte(nil), cp.Lines...), cp.Entry(250))
+	replaceFile(t, moved, lines)
+	p, stop = start()
+	defer stop()
+	waitUntil(t, "the replacement mirrored", func() bool {
+		for _, h := range heads(p)[movedRel] {
+			if h.LastOrdinal == int64(len(lines)-1) {
+				return mirrored(p, 2)()
+			}
+		}
+		return false
+	})
+	hs := heads(p)
+	var keys []string
+	for _, h := range hs[movedRel] {
+		keys = append(keys, fmt.Sprintf("%s (generation %d, last ordinal %d)", h.Key, h.Generation, h.LastOrdinal))
+	}
+	if len(hs[movedRel]) != 1 || hs[movedRel][0].Key != clashKey {
+		t.Errorf("heads naming the replaced file: %v; want only its key %s", keys, clashKey)
+	}
+	origRel, _ := filepath.Rel(root, orig.Path)
+	if o := hs[filepath.ToSlash(origRel)]; len(o) != 1 || o[0].Key != orig.ID {
+		t.Errorf("heads naming the original: %+v; want only the plain id %s", o, orig.ID)
+	}
+}
+
+// writeCopy writes a copy of f (same id, its own entries' bytes) at path.
+func writeCopy(t *testing.T, rng *rand.Rand, f *sessiontest.File, path string) *sessiontest.File {
+	t.Helper()
+	cp := f.Clone(rng, path)
+	if err := os.MkdirAll(filepath.Dir(cp.Path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cp.Path, cp.Content(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+// headsBySource maps each source of conversation id's heads to the heads naming it;
+// those saying the file was deleted only if withDeleted.
+func headsBySource(t *testing.T, ctx context.Context, p *Publisher, id string, withDeleted bool) map[string][]mirror.Head {
+	t.Helper()
+	list, err := p.reader.Heads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]mirror.Head{}
+	for _, h := range list {
+		if h.Conversation == id && (withDeleted || !h.LocalDeleted) {
+			out[h.Source] = append(out[h.Source], h)
+		}
+	}
+	return out
+}
+
+// newSession writes a v3 session under root: a header and entries of the given sizes.
+func newSession(t *testing.T, rng *rand.Rand, root string, sizes ...int) *sessiontest.File {
+	t.Helper()
+	f := sessiontest.New(rng, root, "/home/dev/p", sessiontest.CLIV3)
+	lines := [][]byte{f.HeaderLine("/home/dev/p")}
+	for _, n := range sizes {
+		lines = append(lines, f.Entry(n))
+	}
+	if err := f.Append(lines...); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// moveFile renames from to to, making to's directory.
+func moveFile(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replaceFile replaces the file at path with lines by an atomic rename (a new inode).
+func replaceFile(t *testing.T, path string, lines [][]byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := sessiontest.Rewrite(tmp, lines); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -110,7 +110,8 @@ type Publisher struct {
 	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
 	forgotten map[string]int          // root → deleted files forgotten, still counted as deleted
 
-	view startView // the owner's conversations in one request, for the files seen at start
+	view     startView         // the owner's conversations in one request, for the files seen at start
+	pathKeys recordedClashKeys // clash keys of the checkpoints found at start, by path (p.mu)
 
 	// storeGens: conversation key → the generation the session store writes, for the
 	// conversations found taken over (DESIGN §8): the daemon never extends it again.

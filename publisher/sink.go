@@ -88,6 +88,10 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		key = replacedKey
 	} else if found && rec.ConvKey != "" {
 		key = rec.ConvKey
+	} else if prev, ok := p.recordedClashKey(f, hdr.ID); ok {
+		// The replacement of a file the daemon did not see replaced (stopped, or killed
+		// before the new file's checkpoint): it keeps the replaced file's key (T3).
+		key = prev
 	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
 		// Still a clash, reported at every start as when it is first found.
 		p.mu.Lock()

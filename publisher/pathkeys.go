@@ -1,0 +1,64 @@
+package publisher
+
+import (
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/watcher"
+)
+
+// recordedClashKeys are the clash keys of the checkpoint records found at start, by the
+// path of their file: a path keeps its key when its file is replaced (one path, one key).
+//
+// A replacement the daemon sees keeps the replaced file's key (retireReplaced). One it
+// does not see (made while the daemon was stopped, or before the new file's checkpoint
+// was committed when the daemon was killed) is opened without a checkpoint of its own,
+// while the record of the file it replaced, under the old identity, still names the
+// path. The key derived from the path (previousClashKey) is not that key when the file
+// moved after it got it, and the plain id may be another file's: the replacement took a
+// new key, and two keys named the path (torture T3). Only clash keys are kept here: a
+// file that mirrored under the plain id gets it back from claimKey whenever it is free.
+type recordedClashKeys struct {
+	once   sync.Once
+	byPath map[string]checkpoint.Record // root + "\x00" + rel → the record holding a clash key there
+}
+
+// recordedClashKey returns the clash key of conversation id that a checkpoint record of
+// another identity holds for f's path, if any; that record is removed (the path is f's
+// now) unless its identity is open. The records are read once, at the first file opened
+// without a checkpoint: a local pass, no question to the mirror.
+func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
+	p.pathKeys.once.Do(func() {
+		recs, err := p.opts.Checkpoints.All()
+		if err != nil {
+			p.log.Warn("cannot read the checkpoints for the keys of replaced files", zap.Error(err))
+			return
+		}
+		for _, r := range recs {
+			if r.ConvKey != "" && r.ConvKey != r.Conversation && !r.Deleted {
+				if p.pathKeys.byPath == nil {
+					p.pathKeys.byPath = map[string]checkpoint.Record{}
+				}
+				p.pathKeys.byPath[r.Root+"\x00"+r.Rel] = r
+			}
+		}
+	})
+	p.mu.Lock()
+	rec, ok := p.pathKeys.byPath[f.Root+"\x00"+f.Rel]
+	if ok {
+		delete(p.pathKeys.byPath, f.Root+"\x00"+f.Rel)
+	}
+	old := watcher.FileID{Dev: rec.Dev, Ino: rec.Ino}
+	_, open := p.files[old]
+	open = open || p.opening[old] > 0
+	p.mu.Unlock()
+	if !ok || rec.Conversation != id || old == f.ID {
+		return "", false
+	}
+	if !open {
+		p.opts.Checkpoints.Delete(rec.Key())
+	}
+	return rec.ConvKey, true
+}
