@@ -123,6 +123,12 @@ func readGeneration(ctx context.Context, m Mirror, c mirror.Conv, gen int) (gene
 func inlineBlobs(ctx context.Context, m Mirror, lines []Line) error {
 	for i := range lines {
 		l := &lines[i]
+		if l.Kind == mirror.KindBlob && l.Data == nil && repeatedBlob(*l) {
+			if err := scanRepeatedBlob(ctx, m, l); err != nil {
+				return fmt.Errorf("line %d: %w", l.Ordinal+1, err)
+			}
+			continue
+		}
 		if l.Kind != mirror.KindBlob || l.Data != nil || l.BlobSize > maxInlineBlob {
 			continue
 		}
@@ -139,6 +145,50 @@ func inlineBlobs(ctx context.Context, m Mirror, lines []Line) error {
 				l.Env = env
 			}
 		}
+	}
+	return nil
+}
+
+// repeatedBlob reports whether l is a blob entry mirrored under its ordinal although its
+// format gives every entry an id: the publisher mirrors so an entry repeating an earlier
+// id of its generation (kind and type stay, the id is L<ordinal>). Pi moves its leaf to
+// it, and so does the daemon's head; the id is only in the blob.
+func repeatedBlob(l Line) bool {
+	return l.Ordinal != 0 && l.HasEnv && l.Env.ID == "" && l.Env.Type != "" && l.Format != "" && l.Format != string(session.FormatV1)
+}
+
+// envelopePrefix is how much of a line too large to read whole the publisher scans for
+// its envelope (publisher classify).
+const envelopePrefix = 64 << 10
+
+// scanRepeatedBlob reads the envelope of a repeated blob entry as the publisher did: from
+// the whole line when it reads such a line whole, else from its first bytes. Only the
+// envelope is kept: the line is streamed at write time, through its digest.
+func scanRepeatedBlob(ctx context.Context, m Mirror, l *Line) error {
+	var env session.Envelope
+	ok := false
+	if l.BlobSize <= maxInlineBlob {
+		data, err := fetchBlob(ctx, m, l.SHA256, l.BlobSize)
+		if err != nil {
+			return err
+		}
+		var serr error
+		env, serr = session.ScanEntry(data)
+		ok = serr == nil
+	} else {
+		rc, err := m.Blob(ctx, l.SHA256)
+		if err != nil {
+			return err
+		}
+		prefix, err := io.ReadAll(io.LimitReader(rc, envelopePrefix))
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("blob %s: %w", l.SHA256, err)
+		}
+		env, ok = session.ScanEnvelopePrefix(prefix)
+	}
+	if ok && env.ID != "" && mirror.ValidEntryID(env.ID) {
+		l.Env = env
 	}
 	return nil
 }
