@@ -83,18 +83,13 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 	it.sha = sha
 
-	st.mu.Lock()
-	h, isHeld := st.held[l.Ordinal]
-	if isHeld {
-		delete(st.held, l.Ordinal)
-		if len(st.held) == 0 {
-			st.held = nil // an emptied map keeps its buckets, and the file may idle for days
-		}
+	h, isHeld, err := p.takeHeld(ctx, st, l.Ordinal)
+	if err != nil {
+		return fmt.Errorf("%s line %d: read what the mirror holds: %w", f.Path, l.Ordinal+1, err)
 	}
-	st.mu.Unlock()
 	p.classify(st, it, data, f, l)
 	if isHeld {
-		if h.sha == sha {
+		if h.holds(sha) {
 			p.m.heldBack.Inc()
 			it.done, it.seq = true, h.seq
 			return p.enqueueResolved(st, it)
@@ -575,7 +570,8 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	ctx, cancel := context.WithTimeout(p.runCtx, 10*time.Second)
 	defer cancel()
 	st.mu.Lock()
-	gen, from := st.acked.Generation, st.acked.StreamSeq+1
+	// The lines the file's window covers were compared with the file when it was opened.
+	gen, from := st.acked.Generation, max(st.acked.StreamSeq, st.held.after())+1
 	st.failed = false
 	st.mu.Unlock()
 	last, err := p.reader.LastSeq(ctx, st.conv)
@@ -603,7 +599,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		if it.done || it.inFlight {
 			continue // an item sent meanwhile is resolved by its own acknowledgement
 		}
-		if h, ok := held[it.ordinal]; ok && h.sha == it.sha {
+		if h, ok := held[it.ordinal]; ok && h.holds(it.sha) {
 			it.done, it.seq, it.msg = true, h.seq, nil
 			if it.slot {
 				it.slot = false

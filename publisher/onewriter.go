@@ -90,10 +90,10 @@ func foreign(st *fileState, held map[int64]heldLine) bool {
 		if o < st.acked.Ordinal {
 			continue // a late copy of a line before the frontier
 		}
-		if sha, ok := queued[o]; ok && sha == h.sha {
+		if sha, ok := queued[o]; ok && h.holds(sha) {
 			continue
 		}
-		if hl, ok := st.held[o]; ok && hl.sha == h.sha {
+		if st.held.has(o, h.sha) {
 			continue // published before a restart, not read again yet
 		}
 		return true

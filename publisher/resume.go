@@ -22,6 +22,11 @@ import (
 // stream sequence; without one, it reads the conversation's whole subject, compares the
 // local file with the newest mirrored generation, and starts a new generation if any
 // mirrored line changed or vanished.
+//
+// Memory does not grow with the file (issue 13 item 9): a first pass over the messages'
+// headers learns the newest generation, its extent and how far out of ordinal order it
+// was stored, keeping nothing per line; the comparison and then the lines the publisher
+// must not send again are read in ordinal order through a window (heldWindow).
 func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
 		last, err := p.reader.LastSeq(ctx, st.conv)
@@ -30,7 +35,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		}
 		newer, vanished := false, false
 		if last >= st.acked.StreamSeq {
-			held, newerGen, err := p.heldSince(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
+			held, newerGen, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
 			if err != nil {
 				return err
 			}
@@ -41,12 +46,12 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 				// holds less than the mirror, a new generation.
 				// (The whole-file comparison below tells those from lines the session
 				// store wrote.)
-				cmp, err := compareWithMirror(st.file.Path, st.acked.Offset, st.acked.Ordinal, held)
+				cmp, err := p.compareWithMirror(ctx, st.file.Path, st.acked.Offset, st.acked.Ordinal, held)
 				if err != nil {
 					return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 				}
 				if cmp == sameLength || cmp == longer {
-					st.held = held
+					st.held = held.reread(st.acked.Ordinal)
 					return nil
 				}
 				vanished = true
@@ -69,13 +74,8 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		st.acked = frontier{}
 		st.leaf.Set("")
 	}
-	var nw newest
-	var last uint64
-	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
-		nw.add(m)
-		last = max(last, m.Seq)
-		return nil
-	})
+	nw := newest{limit: p.heldLimit()}
+	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, nw.add)
 	if err != nil {
 		return fmt.Errorf("resume %s: %w", st.conv.Key, err)
 	}
@@ -85,14 +85,14 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	if top == 0 {
 		return nil
 	}
-	st.fenceSeq = last
-	held := nw.held
-	cmp, err := compareWithMirror(st.file.Path, 0, 0, held)
+	st.fenceSeq = nw.last
+	held := nw.window(st.conv, p.maxDisorder())
+	cmp, err := p.compareWithMirror(ctx, st.file.Path, 0, 0, held)
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
 	store := false
-	if cmp != differs && cmp != sameLength {
+	if cmp != differs && cmp != sameLength && cmp != undecided {
 		// One writer at a time (DESIGN §8): a generation the session store writes is
 		// kept only by a file that holds exactly its lines so far (the store then wrote
 		// after them); a file with lines of its own past them was appended to locally
@@ -102,70 +102,53 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		}
 	}
 	if cmp == sameLength || cmp == longer && !store || cmp == shorter && store {
-		st.held = held
+		st.held = held.reread(0)
 		return nil
 	}
 	st.acked.Generation, st.acked.Base = top+1, nw.msgs
 	p.m.generations.Inc()
 	why := "mirrored lines changed or vanished locally; starting a new generation"
-	if store {
+	switch {
+	case store:
 		why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
+	case cmp == undecided:
+		why = "the newest generation was stored too far out of line order to compare it in bounded memory; starting a new generation"
 	}
 	log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
 	return nil
 }
 
-// newest collects what the newest generation of a conversation holds, from its
-// messages in stream order. Older generations are dropped as soon as a newer one
-// appears, and their later messages (a resend can land after a newer generation
-// started) are skipped: memory holds one generation's digests, not one per generation
-// (issue 13 item 9: a file rewritten often, resumed without its state directory).
-type newest struct {
-	gen     int
-	held    map[int64]heldLine
-	msgs    uint64 // messages read, of every generation
-	genMsgs uint64 // of them, those of generation gen
-}
-
-func (n *newest) add(m mirror.Msg) {
-	n.msgs++
-	switch {
-	case m.Generation < n.gen:
-		return
-	case m.Generation > n.gen || n.held == nil:
-		n.gen, n.held, n.genMsgs = m.Generation, map[int64]heldLine{}, 0
-	}
-	n.genMsgs++
-	if _, dup := n.held[m.Ordinal]; !dup {
-		n.held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
-	}
+// heldPast returns the lines of generation gen the mirror holds from stream sequence
+// from on, and whether a newer generation appears there; last is the subject's newest
+// sequence (one direct get), which answers most calls without reading anything. Like the
+// whole-subject pass of resume it keeps at most heldLimit lines; past that the window
+// reads them again, in ordinal order, when they are needed.
+func (p *Publisher) heldPast(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (held *heldWindow, newer bool, err error) {
+	nw, err := p.scanGen(ctx, c, gen, from, last, p.heldLimit())
+	return nw.window(c, p.maxDisorder()), nw.newer, err
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence
-// from on, and whether a newer generation appears there; last is the subject's newest sequence (one direct get), which answers most
-// calls without reading anything.
+// from on, as heldPast, all of them. A reconciliation asks from its frontier on, past
+// the lines its file's window covers (heldWindow.after): what it reads is the file's own
+// lines in flight, bounded by the in-flight window, and what another writer appended
+// since (which makes the file give the generation up, onewriter.go).
 func (p *Publisher) heldSince(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (held map[int64]heldLine, newer bool, err error) {
+	nw, err := p.scanGen(ctx, c, gen, from, last, 0)
+	return nw.lines, nw.newer, err
+}
+
+func (p *Publisher) scanGen(ctx context.Context, c mirror.Conv, gen int, from, last uint64, limit int) (*newest, error) {
+	nw := &newest{only: gen, limit: limit}
 	if last < from {
 		p.m.resumeQuery.WithLabelValues("last_seq").Inc()
-		return nil, false, nil
+		return nw, nil
 	}
-	held = map[int64]heldLine{}
-	err = p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, func(m mirror.Msg) error {
-		switch {
-		case m.Generation > gen:
-			newer = true
-		case m.Generation == gen:
-			if _, dup := held[m.Ordinal]; !dup {
-				held[m.Ordinal] = heldLine{sha: m.SHA256, seq: m.Seq}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("resume %s: %w", c.Key, err)
+	if err := p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true}, nw.add); err != nil {
+		return nw, fmt.Errorf("resume %s: %w", c.Key, err)
 	}
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
-	return held, newer, nil
+	return nw, nil
 }
 
 // comparison is how a local file compares with the lines a generation holds.
@@ -176,19 +159,21 @@ const (
 	sameLength                   // the file holds exactly the mirrored lines (and perhaps a torn tail)
 	longer                       // the file holds every mirrored line, then lines of its own
 	shorter                      // the file holds the first mirrored lines, then ends
+	undecided                    // the generation is stored too far out of order to compare in bounded memory
 )
 
 // compareWithMirror compares the file from ordinal from on (the line at byte offset off)
-// with what the mirror holds there, byte for byte, by ordinal. It streams the file, so
-// memory does not grow with line size.
-func compareWithMirror(path string, off, from int64, held map[int64]heldLine) (comparison, error) {
-	var top int64 = -1
-	for o := range held {
-		top = max(top, o)
-	}
-	if top < from {
+// with what the mirror holds there, byte for byte, by ordinal. It streams the file, and
+// reads held in ordinal order through a fresh window, so memory grows neither with line
+// size nor with the number of lines.
+func (p *Publisher) compareWithMirror(ctx context.Context, path string, off, from int64, held *heldWindow) (comparison, error) {
+	if held == nil || held.top < from {
 		return sameLength, nil // nothing mirrored from there on to compare
 	}
+	if !held.complete && held.disorder > held.maxDisorder {
+		return undecided, nil
+	}
+	w := held.reread(from)
 	f, err := os.Open(path)
 	if err != nil {
 		return differs, err
@@ -196,21 +181,29 @@ func compareWithMirror(path string, off, from int64, held map[int64]heldLine) (c
 	defer f.Close()
 	r := bufio.NewReaderSize(io.NewSectionReader(f, off, 1<<62), 256<<10)
 	h := sha256.New()
+	var sum [sha256.Size]byte
 	for ord := from; ; {
+		if ord <= w.top {
+			for !w.decided(ord) {
+				if err := p.fill(ctx, w, ord, nil); err != nil {
+					return differs, err
+				}
+			}
+		}
 		chunk, err := r.ReadSlice('\n')
 		switch {
-		case err == nil && ord > top:
+		case err == nil && ord > w.top:
 			return longer, nil
 		case err == nil:
 			h.Write(chunk[:len(chunk)-1]) // the digest covers the line without its newline
-			if hl, ok := held[ord]; ok && hl.sha != hex.EncodeToString(h.Sum(nil)) {
+			if hl, ok := w.take(ord); ok && hl.sha != [sha256.Size]byte(h.Sum(sum[:0])) {
 				return differs, nil
 			}
 			h.Reset()
 			ord++
 		case errors.Is(err, bufio.ErrBufferFull):
 			h.Write(chunk)
-		case errors.Is(err, io.EOF) && ord > top:
+		case errors.Is(err, io.EOF) && ord > w.top:
 			return sameLength, nil // a torn tail is not a line
 		case errors.Is(err, io.EOF):
 			return shorter, nil // mirrored lines vanished, or another writer added them

@@ -167,7 +167,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.noteDirty(st)
 	}
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
-		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Int("held", len(st.held)))
+		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", st.held.size()))
 	return start, nil
 }
 

@@ -36,8 +36,8 @@ type fileState struct {
 	acked frontier
 	leaf  session.Leaf
 
-	queue []*item            // lines read past the frontier, in file order, not yet resolved
-	held  map[int64]heldLine // what the mirror already holds past the frontier (resume protocol)
+	queue []*item     // lines read past the frontier, in file order, not yet resolved
+	held  *heldWindow // what the mirror already holds past the frontier (resume protocol, held.go)
 
 	failed    bool          // a publish failed: queue must be reconciled with the mirror
 	pressured bool          // it failed for lack of room in the cluster: retried at the gate
@@ -62,12 +62,6 @@ type fileState struct {
 	// (onewriter.go). The lines the file held when opened (a back-fill) are pipelined,
 	// however often the queue drains while the watcher reads them.
 	liveFrom int64
-}
-
-// heldLine is a line the mirror holds: its digest and stream sequence.
-type heldLine struct {
-	sha string
-	seq uint64
 }
 
 // item is one line past the frontier.
