@@ -14,13 +14,14 @@ import (
 // the file is reopened as Truncated, which the sink turns into a new generation.
 //
 // On every run (one per event or rescan) the watcher compares, on the descriptor it
-// reads with: the size with the delivered offset, the header line (up to 4 KiB), and the
-// digest of the whole last delivered line with its '\n'. Inside a run, the last
-// delivered line is checked again after every read that completes a line, before that
-// line is delivered, and a line assembled from several reads is read again in one pass.
-// So the cost per event is one read of the header and one of the last delivered line
-// (a few KiB for Pi's usual entries), plus, per 256 KiB read, one more read of the last
-// delivered line. A rewrite that keeps the header and the last delivered line but
+// reads with: the size with the delivered offset (and with the size of the last run),
+// the header line (up to 4 KiB), and the digest of the whole last delivered line with
+// its '\n', and the '\n' before it. Inside a run, the last delivered line is checked
+// again after every read that completes a line, before that line is delivered, and a
+// line assembled from several reads is read again in one pass. So the cost per event is
+// one read of the header and two of the last delivered line (its first byte's
+// predecessor, then the line: a few KiB for Pi's usual entries), plus, per 256 KiB read,
+// those two reads again. A rewrite that keeps the header and the last delivered line but
 // changes an earlier line is found by the settled check (settle.go).
 
 // errRewritten means bytes already delivered (or read for the line being delivered)
@@ -28,18 +29,37 @@ import (
 var errRewritten = errors.New("file rewritten while it was read")
 
 // checkLast reads the line last delivered (with its '\n') again and compares its digest.
+// It also checks that a '\n' comes just before it: a rewrite that moved the lines one
+// byte on would otherwise pass for an empty line (its '\n' is now the previous line's),
+// and the empty line would be delivered again at the next ordinal (torture T12).
 func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
 	if !last.ok {
 		return 0, nil
 	}
+	var read int64
+	if last.off > 0 {
+		b := lr.vbuf[:1]
+		got, err := r.ReadAt(b, last.off-1)
+		read += int64(got)
+		if got < 1 {
+			if err == nil || errors.Is(err, io.EOF) {
+				return read, fmt.Errorf("%w: file shorter than offset %d", errRewritten, last.off)
+			}
+			return read, err
+		}
+		if b[0] != '\n' {
+			return read, fmt.Errorf("%w: line at offset %d no longer starts a line", errRewritten, last.off)
+		}
+	}
 	sum, n, err := lr.reread(r, last.off, last.len, nil)
+	read += n
 	if err != nil {
-		return n, err
+		return read, err
 	}
 	if sum != last.sum {
-		return n, fmt.Errorf("%w: line at offset %d changed", errRewritten, last.off)
+		return read, fmt.Errorf("%w: line at offset %d changed", errRewritten, last.off)
 	}
-	return n, nil
+	return read, nil
 }
 
 // reread reads the line of length n at off again in one pass, with the '\n' that ends

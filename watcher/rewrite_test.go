@@ -250,6 +250,22 @@ func rewriteLines(t *testing.T, path string, lines []string) {
 	}
 }
 
+// overwrite writes content over path from its start without truncating it: the file is
+// never shorter than before, so no run sees a rewrite half done as a truncation.
+func overwrite(t *testing.T, path, content string) {
+	t.Helper()
+	fh, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteAt([]byte(content), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // sinceLastOpen returns the lines delivered for path after its last Open.
 func sinceLastOpen(s *recSink, path string) []string {
 	s.mu.Lock()
@@ -365,16 +381,7 @@ func TestRewriteAfterResumeIsRechecked(t *testing.T) {
 	// The changed bytes are written over the old ones, the file never shorter: a run that
 	// saw a rewrite half done (truncated) would reopen the file as Truncated, not the
 	// Rechecked this test is about.
-	fh, err := os.OpenFile(p, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fh.WriteAt([]byte(joinLines(repl...)), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := fh.Close(); err != nil {
-		t.Fatal(err)
-	}
+	overwrite(t, p, joinLines(repl...))
 	waitFor(t, "the whole file after a Rechecked open", func() bool {
 		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
 	})
@@ -452,5 +459,33 @@ func TestShrinkAfterOpenIsTruncated(t *testing.T) {
 	}
 	waitFor(t, "the short content after the reopen", func() bool {
 		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(short, "\n")
+	})
+}
+
+// TestRewriteShiftingAnEmptyLastLine: torture T12 (seed 820390754443). The last line
+// delivered is empty (a damaged line: just "\n"); Pi rewrites the file in place with an
+// earlier line one byte longer, so everything after it moves one byte on. The byte at
+// the empty line's old offset is now the '\n' of the line before it, which passes for
+// the empty line: the per-run check saw nothing, and the empty line was delivered a
+// second time, at the next ordinal (the mirror then held one line more than the file).
+// A delivered line is also checked to start just after a '\n'.
+func TestRewriteShiftingAnEmptyLastLine(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := append(session("shifted1", 4), "")
+	repl := slices.Clone(old)
+	repl[2] = strings.Replace(repl[2], `"content":"`, `"content":"9`, 1)
+	writeFile(t, p, joinLines(old...))
+	sink := newRecSink()
+	// Only the checks of every run: the settled check would find the rewrite later.
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = -1 })
+	h.ready(t)
+	waitLines(t, sink, p, old...)
+	// Written over the old bytes, never shorter: the rewrite is seen whole (a run that
+	// saw it half done would find the file shorter than what was delivered).
+	overwrite(t, p, joinLines(repl...))
+	waitFor(t, "the rewritten file after a Truncated open", func() bool {
+		r := sink.reasons(p)
+		return r[len(r)-1] == Truncated && strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
 	})
 }
