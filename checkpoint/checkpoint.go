@@ -178,19 +178,26 @@ func (s *Store) Delete(key string) {
 // All returns every record, staged changes included.
 func (s *Store) All() ([]Record, error) {
 	var out []Record
-	err := s.each(func(key string, staged *Record, stored []byte) error {
+	err := s.Each(func(r Record) error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// Each calls fn with every record, staged changes included, one at a time: a pass over
+// 100k files that keeps a few of them, without holding them all.
+func (s *Store) Each(fn func(Record) error) error {
+	return s.each(func(key string, staged *Record, stored []byte) error {
 		if staged != nil {
-			out = append(out, *staged)
-			return nil
+			return fn(*staged)
 		}
 		var r Record
 		if err := json.Unmarshal(stored, &r); err != nil {
 			return fmt.Errorf("record %s: %w", key, err)
 		}
-		out = append(out, r)
-		return nil
+		return fn(r)
 	})
-	return out, err
 }
 
 // Keys returns the key of every record, staged changes included, without decoding the

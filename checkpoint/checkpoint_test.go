@@ -53,6 +53,11 @@ func TestPutCommitReopen(t *testing.T) {
 	if err != nil || !slices.Equal(slices.Sorted(slices.Values(keys)), []string{b.Key(), c.Key()}) {
 		t.Errorf("Keys = %v, %v; want %s and %s", keys, err, b.Key(), c.Key())
 	}
+	offsets := map[string]int64{}
+	if err := s.Each(func(r Record) error { offsets[r.Key()] = r.Offset; return nil }); err != nil || len(offsets) != 2 ||
+		offsets[b.Key()] != 50 || offsets[c.Key()] != 0 {
+		t.Errorf("Each = %v, %v; want %s at 50 and the staged %s", offsets, err, b.Key(), c.Key())
+	}
 }
 
 func TestParseKey(t *testing.T) {

@@ -31,19 +31,17 @@ type recordedClashKeys struct {
 // without a checkpoint: a local pass, no question to the mirror.
 func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
 	p.pathKeys.once.Do(func() {
-		recs, err := p.opts.Checkpoints.All()
+		byPath := map[string]checkpoint.Record{}
+		err := p.opts.Checkpoints.Each(func(r checkpoint.Record) error {
+			if r.ConvKey != "" && r.ConvKey != r.Conversation && !r.Deleted {
+				byPath[r.Root+"\x00"+r.Rel] = r
+			}
+			return nil
+		})
 		if err != nil {
 			p.log.Warn("cannot read the checkpoints for the keys of replaced files", zap.Error(err))
-			return
 		}
-		for _, r := range recs {
-			if r.ConvKey != "" && r.ConvKey != r.Conversation && !r.Deleted {
-				if p.pathKeys.byPath == nil {
-					p.pathKeys.byPath = map[string]checkpoint.Record{}
-				}
-				p.pathKeys.byPath[r.Root+"\x00"+r.Rel] = r
-			}
-		}
+		p.pathKeys.byPath = byPath
 	})
 	p.mu.Lock()
 	rec, ok := p.pathKeys.byPath[f.Root+"\x00"+f.Rel]
