@@ -3,6 +3,7 @@ package mirror
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,16 +59,39 @@ type Line struct {
 
 // NewMsg builds the message of one line of conversation c. body is the line's exact
 // bytes without its newline (empty for a blob reference).
+//
+// It runs once per line, so it allocates little: the subject, message id, ordinal,
+// generation and blob size are cut out of one string (the message id follows the
+// subject's owner and conversation tokens in it), the message and the backing array of
+// every header value are one object, and the header map the last (a map entry's
+// []string of its own would be a dozen allocations per line).
 func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
-	// One backing array for every header value: a map entry's []string of its own would
-	// be a dozen allocations per line.
-	vals := make([]string, 0, 12)
-	h := make(nats.Header, 12)
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	var buf [256]byte
+	b := append(buf[:0], n.lower...)
+	b = append(b, ".entries."...)
+	idStart := len(b)
+	b = c.appendPath(b)
+	subjEnd := len(b)
+	b = appendIDTail(b, l.Generation, l.EntryID)
+	idEnd := len(b)
+	b = strconv.AppendInt(b, l.Ordinal, 10)
+	ordEnd := len(b)
+	if l.Kind == KindBlob {
+		b = strconv.AppendInt(b, l.BlobSize, 10)
 	}
-	set(HdrMsgID, c.MsgID(l.Generation, l.EntryID))
+	s := string(b)
+	// The generation is the message id's token after the subject's: ".<generation>.<id>".
+	gen := s[subjEnd+1 : subjEnd+1+strings.IndexByte(s[subjEnd+1:], '.')]
+
+	m := &msgWithValues{}
+	h := make(nats.Header, 12)
+	k := 0
+	set := func(key, v string) {
+		m.vals[k] = v
+		h[key] = m.vals[k : k+1 : k+1]
+		k++
+	}
+	set(HdrMsgID, s[idStart:idEnd])
 	set(HdrKind, string(l.Kind))
 	set(HdrEntryID, l.EntryID)
 	if l.ParentID != "" {
@@ -76,16 +100,23 @@ func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	if l.EntryType != "" {
 		set(HdrEntryType, l.EntryType)
 	}
-	set(HdrOrdinal, strconv.FormatInt(l.Ordinal, 10))
-	set(HdrGeneration, strconv.Itoa(l.Generation))
+	set(HdrOrdinal, s[idEnd:ordEnd])
+	set(HdrGeneration, gen)
 	set(HdrSHA256, l.SHA256)
 	set(HdrFormat, l.Format)
 	set(HdrHost, l.Host)
 	set(HdrSource, l.Source)
 	if l.Kind == KindBlob {
-		set(HdrBlobSize, strconv.FormatInt(l.BlobSize, 10))
+		set(HdrBlobSize, s[ordEnd:])
 	}
-	return &nats.Msg{Subject: n.Subject(c), Header: h, Data: body}
+	m.msg = nats.Msg{Subject: s[:subjEnd], Header: h, Data: body}
+	return &m.msg
+}
+
+// msgWithValues is a message and the values of its headers, allocated together.
+type msgWithValues struct {
+	msg  nats.Msg
+	vals [12]string
 }
 
 // ParseLine reads the metadata of a mirrored message. It fails on a message that is not

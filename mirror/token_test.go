@@ -85,14 +85,8 @@ func FuzzToken(f *testing.F) {
 
 func TestNames(t *testing.T) {
 	n := DefaultNames()
-	o, err := NewOwner("acme corp", "bob.smith")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewConv(o, "0b6c6e0e-2c4b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := acmeConv(t)
+	o := c.Owner
 	checks := map[string]string{
 		n.Stream():             "PISYNC_ENTRIES",
 		n.HeadsBucket():        "PISYNC_HEADS",
@@ -150,4 +144,67 @@ func TestLineRoundTrip(t *testing.T) {
 			t.Errorf("ParseLine accepted %v", h)
 		}
 	}
+}
+
+// TestNewMsgWire pins the subject and headers of a line's message (DESIGN §2) as built
+// before NewMsg's strings shared one allocation: a mirror written by an older daemon must
+// keep deduplicating against a newer one's messages.
+func TestNewMsgWire(t *testing.T) {
+	c := acmeConv(t)
+	const subject = "pisync.entries.acme_20corp.bob_2Esmith.0b6c6e0e-2c4b"
+	for _, tc := range []struct {
+		name string
+		line Line
+		want map[string]string
+	}{
+		{"header", Line{Kind: KindHeader, EntryID: "_header", EntryType: "_header", Ordinal: 0, Generation: 1,
+			SHA256: "aa", Format: "v3", Host: "h1", Source: "--home--/s.jsonl"},
+			map[string]string{HdrMsgID: "acme_20corp.bob_2Esmith.0b6c6e0e-2c4b.1._5Fheader", HdrKind: "header",
+				HdrEntryID: "_header", HdrEntryType: "_header", HdrOrdinal: "0", HdrGeneration: "1", HdrSHA256: "aa",
+				HdrFormat: "v3", HdrHost: "h1", HdrSource: "--home--/s.jsonl"}},
+		{"entry", Line{Kind: KindEntry, EntryID: "a1b2c3d4", ParentID: "p0", EntryType: "message", Ordinal: 123456789,
+			Generation: 1234, SHA256: "bb", Format: "v2", Host: "h", Source: "s"},
+			map[string]string{HdrMsgID: "acme_20corp.bob_2Esmith.0b6c6e0e-2c4b.1234.a1b2c3d4", HdrKind: "entry",
+				HdrEntryID: "a1b2c3d4", HdrParentID: "p0", HdrEntryType: "message", HdrOrdinal: "123456789",
+				HdrGeneration: "1234", HdrSHA256: "bb", HdrFormat: "v2", HdrHost: "h", HdrSource: "s"}},
+		{"blob with an id to encode", Line{Kind: KindBlob, EntryID: "x.y", EntryType: "message", Ordinal: 3, Generation: 2,
+			SHA256: "cc", BlobSize: 3 << 20, Format: "v3", Host: "h", Source: "s"},
+			map[string]string{HdrMsgID: "acme_20corp.bob_2Esmith.0b6c6e0e-2c4b.2.x_2Ey", HdrKind: "blob",
+				HdrEntryID: "x.y", HdrEntryType: "message", HdrOrdinal: "3", HdrGeneration: "2", HdrSHA256: "cc",
+				HdrFormat: "v3", HdrHost: "h", HdrSource: "s", HdrBlobSize: "3145728"}},
+		{"raw", Line{Kind: KindRaw, EntryID: "L4", Ordinal: 4, Generation: 100, SHA256: "dd", Format: "v1", Host: "h", Source: "s"},
+			map[string]string{HdrMsgID: "acme_20corp.bob_2Esmith.0b6c6e0e-2c4b.100.L4", HdrKind: "raw",
+				HdrEntryID: "L4", HdrOrdinal: "4", HdrGeneration: "100", HdrSHA256: "dd", HdrFormat: "v1",
+				HdrHost: "h", HdrSource: "s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := DefaultNames().NewMsg(c, tc.line, []byte("body"))
+			if m.Subject != subject || string(m.Data) != "body" || m.Reply != "" {
+				t.Errorf("subject %q, data %q, reply %q", m.Subject, m.Data, m.Reply)
+			}
+			if len(m.Header) != len(tc.want) {
+				t.Errorf("%d headers, want %d: %v", len(m.Header), len(tc.want), m.Header)
+			}
+			for k, v := range tc.want {
+				if got := m.Header[k]; len(got) != 1 || got[0] != v {
+					t.Errorf("%s: %q, want [%q]", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+// acmeConv is conversation 0b6c6e0e-2c4b of owner "bob.smith" of tenant "acme corp": both
+// names need encoding.
+func acmeConv(t *testing.T) Conv {
+	t.Helper()
+	o, err := NewOwner("acme corp", "bob.smith")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConv(o, "0b6c6e0e-2c4b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

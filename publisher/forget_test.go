@@ -315,7 +315,7 @@ func startPublisher(t *testing.T, ctx context.Context, url string, store *checkp
 
 // testOptions are the options of a publisher for owner acme/dev on host h1 against a
 // provisioned mirror on the server at url, without a checkpoint store.
-func testOptions(t *testing.T, ctx context.Context, url string) Options {
+func testOptions(t testing.TB, ctx context.Context, url string) Options {
 	t.Helper()
 	nc := natstest.Connect(t, url)
 	js, err := NewJetStream(nc, 5*time.Second, 64)

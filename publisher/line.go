@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -60,13 +59,13 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		return p.enqueueResolved(st, it)
 	}
 
-	data := l.Data
+	data, owned := l.Data, false // owned: data is not the watcher's buffer, the message may keep it
 	if data == nil && l.Len <= session.MaxBufferedLine {
 		buf, err := readSection(l.Src, l.Offset, l.Len)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
-		data = buf
+		data, owned = buf, true
 	}
 	blob := data == nil || l.Len > p.opts.BlobThreshold
 	var sha string
@@ -79,7 +78,10 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		sha = d
 	} else {
 		sum := sha256.Sum256(data)
-		sha = hex.EncodeToString(sum[:])
+		var digits [2 * sha256.Size]byte
+		hex.Encode(digits[:], sum[:])
+		sha = string(digits[:]) // one allocation: hex.EncodeToString makes two
+
 	}
 	it.sha = sha
 
@@ -127,8 +129,10 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 			return err
 		}
 		ml.Kind, ml.BlobSize = mirror.KindBlob, l.Len
+	} else if owned {
+		body = data
 	} else {
-		body = append([]byte(nil), data...)
+		body = append([]byte(nil), data...) // the watcher's buffer is valid only during the call
 	}
 	it.kind = ml.Kind
 	it.msg = p.opts.Names.NewMsg(conv, ml, body)
@@ -262,10 +266,8 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 		st.mu.Unlock()
 		return nil
 	}
-	fence(st, it, !p.opts.Unfenced)
-	// A copy with its own header map: a reconciliation may fence or unfence it.msg for a
-	// resend while this publish still encodes the headers (a data race, seen in CI).
-	msg := &nats.Msg{Subject: it.msg.Subject, Header: maps.Clone(it.msg.Header), Data: it.msg.Data}
+	msg := fence(st, it, !p.opts.Unfenced)
+	it.sent = true // from now on msg is nats.go's to read: a resend fenced otherwise copies it
 	st.mu.Unlock()
 	epoch := p.gate.current()
 	fut, err := p.opts.JS.PublishMsgAsync(msg)

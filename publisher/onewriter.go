@@ -53,22 +53,48 @@ func (p *Publisher) noteStoreGen(st *fileState, gen int) {
 	st.mu.Unlock()
 }
 
-// fence sets (on) or clears the expected subject sequence of it's message; the caller
+// fence returns it's message as it is to be sent now: fenced (on) or not; the caller
 // holds st.mu. Only the first unresolved line of a file is fenced: the sequence the ones
 // behind it must follow is not known until it is acknowledged.
-func fence(st *fileState, it *item, on bool) {
+//
+// A message once handed to nats.go is never changed: nats.go may still encode it (its own
+// retry after "no responders") while a reconciliation resends the line, fenced otherwise.
+// The fence then goes on a copy with its own header map. Most lines (a back-fill's) are
+// sent unfenced, once: they cost no copy.
+func fence(st *fileState, it *item, on bool) *nats.Msg {
 	if it.msg == nil {
-		return
+		return nil
 	}
-	seq := max(st.acked.StreamSeq, st.fenceSeq)
-	if !on || len(st.queue) == 0 || st.queue[0] != it || seq == 0 {
-		it.msg.Header.Del(jetstream.ExpectedLastSubjSeqHeader)
-		return
+	want := ""
+	if seq := max(st.acked.StreamSeq, st.fenceSeq); on && len(st.queue) > 0 && st.queue[0] == it && seq != 0 {
+		want = strconv.FormatUint(seq, 10)
 	}
-	if it.msg.Header == nil {
-		it.msg.Header = nats.Header{}
+	const key = jetstream.ExpectedLastSubjSeqHeader
+	if it.msg.Header.Get(key) == want {
+		return it.msg
 	}
-	it.msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(seq, 10))
+	if !it.sent {
+		if it.msg.Header == nil {
+			it.msg.Header = nats.Header{}
+		}
+		if want == "" {
+			it.msg.Header.Del(key)
+		} else {
+			it.msg.Header.Set(key, want)
+		}
+		return it.msg
+	}
+	h := make(nats.Header, len(it.msg.Header)+1)
+	for k, v := range it.msg.Header {
+		if k != key {
+			h[k] = v
+		}
+	}
+	if want != "" {
+		h.Set(key, want)
+	}
+	it.msg = &nats.Msg{Subject: it.msg.Subject, Header: h, Data: it.msg.Data}
+	return it.msg
 }
 
 // fenced reports whether err is the server refusing a fenced line: the subject holds a

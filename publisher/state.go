@@ -83,6 +83,7 @@ type item struct {
 	dropped  bool // quarantined: refused for good, the frontier passes it unmirrored
 	slot     bool // holds one of the window's message slots until resolved
 	waiting  bool // a live line queued behind an unresolved one: sent when it resolves
+	sent     bool // msg was handed to nats.go: never changed again (fence)
 }
 
 // frontier is the acknowledged position in a file: the numbers of a checkpoint.Record,
