@@ -43,7 +43,10 @@ type Recoverer struct {
 	// superseded maps a key of the run whose head names the same file as a newer head
 	// of the run to the key of that head (see supersededKeys); set by Run.
 	superseded map[string]string
-	doneMu     sync.Mutex // serializes reports and OnDone
+	// reserved maps a path that the heads of the run place a file at to the key of the
+	// newest of those heads: no other key of the run, with a head or without, takes it.
+	reserved map[string]string
+	doneMu   sync.Mutex // serializes reports and OnDone
 }
 
 // New returns a Recoverer reading from m.
@@ -145,7 +148,7 @@ func (r *Recoverer) Run(ctx context.Context, sel Selection) []Report {
 		todo[i] = i
 	}
 	r.mu.Lock()
-	r.superseded = supersededKeys(sel, r.opts.Out, r.opts.Roots)
+	r.superseded, r.reserved = supersededKeys(sel, r.opts.Out, r.opts.Roots)
 	r.mu.Unlock()
 	c := r.startCommitter(reports)
 	if streamWorth(len(keys), sel.owned, r.opts.Parallel) {
@@ -376,9 +379,11 @@ func (r *Recoverer) inspectTarget(t target, plan *Plan, held func() map[string]b
 // key after it moved) leaves two heads naming it, the older one stale: recovering both
 // would write whichever came first and refuse the other, in an order that depends on
 // timing (torture T3). The newest head wins whatever the order the conversations are
-// read in; the others are refused, each naming the winner.
-func supersededKeys(sel Selection, out string, roots []string) map[string]string {
-	best := map[string]string{}   // path → key of the newest head placing its file there
+// read in; the others are refused, each naming the winner. It also returns the winner of
+// each path: a conversation without a head (its head was never written, or does not
+// decode) rebuilt at one of those paths is refused too, whichever comes first.
+func supersededKeys(sel Selection, out string, roots []string) (superseded, best map[string]string) {
+	best = map[string]string{}    // path → key of the newest head placing its file there
 	placed := map[string]string{} // key → path
 	for _, k := range sel.Keys {
 		h, ok := sel.heads[k]
@@ -394,13 +399,13 @@ func supersededKeys(sel Selection, out string, roots []string) map[string]string
 			best[at] = k
 		}
 	}
-	superseded := map[string]string{}
+	superseded = map[string]string{}
 	for k, at := range placed {
 		if w := best[at]; w != k {
 			superseded[k] = w
 		}
 	}
-	return superseded
+	return superseded, best
 }
 
 // placeOf is where recovery writes the file of the conversation whose head is h, as far
@@ -459,6 +464,9 @@ func (r *Recoverer) supersededBy(key string, head *mirror.Head) error {
 func (r *Recoverer) claim(path, key string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if w, ok := r.reserved[path]; ok && w != key {
+		return w
+	}
 	if other, ok := r.claimed[path]; ok && other != key {
 		return other
 	}

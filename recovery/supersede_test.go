@@ -26,6 +26,7 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 		newerGone   bool // the newer head says the file was deleted locally
 		olderRoot   bool // the older head names the file in another root (it moved)
 		both        bool // two paths: both written
+		olderNoHead bool // the older key has messages but no head
 		wantWritten string
 		out         bool // --out rather than --root
 		parallel    int
@@ -35,6 +36,7 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 		{name: "in parallel, under --out", olderKey: "~0a1b2c3d", newerKey: "", wantWritten: "new", out: true, parallel: 4},
 		{name: "moved across roots, under --out", olderKey: "~0a1b2c3d", newerKey: "~4e5f6a7b", olderRoot: true, wantWritten: "new", out: true, parallel: 1},
 		{name: "moved across roots, under --root: two paths", olderKey: "~0a1b2c3d", newerKey: "~4e5f6a7b", olderRoot: true, both: true, parallel: 1},
+		{name: "the stale key has no head", olderKey: "~0a1b2c3d", newerKey: "", olderNoHead: true, wantWritten: "new", out: true, parallel: 1},
 		{name: "a deleted file's head loses to a live one", olderKey: "", newerKey: "~0a1b2c3d", newerGone: true, wantWritten: "old", parallel: 2},
 	}
 	for _, tc := range cases {
@@ -44,7 +46,7 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "sessions")
 			other := filepath.Join(filepath.Dir(root), "other")
 			var seq uint64
-			publish := func(ls [][]byte, suffix string, gone, otherRoot bool) string {
+			publish := func(ls [][]byte, suffix string, gone, otherRoot, noHead bool) string {
 				m := mirrortest.MirrorFile(t, ls, 1, 0)
 				head := mirrortest.DaemonHead(ls, m, 1)
 				m.Conv += suffix
@@ -53,11 +55,15 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 				if otherRoot {
 					head.Root = other
 				}
-				tm.Publish(t, m, m.Msgs, &head)
+				if noHead {
+					tm.Publish(t, m, m.Msgs, nil)
+				} else {
+					tm.Publish(t, m, m.Msgs, &head)
+				}
 				return m.Conv
 			}
-			oldKey := publish(older, tc.olderKey, false, tc.olderRoot)
-			newKey := publish(newer, tc.newerKey, tc.newerGone, false)
+			oldKey := publish(older, tc.olderKey, false, tc.olderRoot, tc.olderNoHead)
+			newKey := publish(newer, tc.newerKey, tc.newerGone, false, false)
 			winner, loser, content := newKey, oldKey, newer
 			if tc.wantWritten == "old" {
 				winner, loser, content = oldKey, newKey, older
@@ -89,6 +95,12 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 			}
 			if got, _ := os.ReadFile(w.Output); !bytes.Equal(got, mirrortest.JoinLines(content)) {
 				t.Errorf("%s: the file written is not the newest head's conversation", w.Output)
+			}
+			if tc.olderNoHead {
+				if l.Result != Refused || !strings.Contains(l.Reason, winner) {
+					t.Errorf("%s (no head): %s (%s), want refused, naming %s", loser, l.Result, l.Reason, winner)
+				}
+				return
 			}
 			if l.Result != Refused || !strings.Contains(l.Reason, "superseded") || !strings.Contains(l.Reason, winner) {
 				t.Errorf("%s (the stale head): %s (%s), want refused, superseded by %s", loser, l.Result, l.Reason, winner)
