@@ -51,6 +51,10 @@ type Record struct {
 	Entries   int64  `json:"entries"`
 	Bytes     int64  `json:"bytes"`
 	Deleted   bool   `json:"deleted,omitempty"`
+	// Unsettled says lines were delivered since a change that the watcher's settled check
+	// had yet to confirm (a rewrite keeping the last line is found only by it): at the
+	// next start the file is compared with the mirror, not trusted up to Offset.
+	Unsettled bool `json:"unsettled,omitempty"`
 	// HeadSeq is the StreamSeq of the last head written to the mirror: a daemon killed
 	// after committing a checkpoint but before writing the head rewrites it at start.
 	HeadSeq   uint64    `json:"head_seq,omitempty"`

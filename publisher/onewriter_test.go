@@ -364,7 +364,13 @@ func lens(g map[int][]mirror.Msg) map[int]int {
 // startWatcherFor watches root for p and returns the watcher; stop waits for it to end.
 func startWatcherFor(t *testing.T, ctx context.Context, p *Publisher, root string) (*watcher.Watcher, func()) {
 	t.Helper()
-	w, err := watcher.New(watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: 50 * time.Millisecond})
+	return startWatcherWith(t, ctx, watcher.Options{Roots: []string{root}, Sink: p, MoveGrace: 50 * time.Millisecond})
+}
+
+// startWatcherWith runs a watcher with opts; stop waits for it to end.
+func startWatcherWith(t *testing.T, ctx context.Context, opts watcher.Options) (*watcher.Watcher, func()) {
+	t.Helper()
+	w, err := watcher.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ type fileState struct {
 	seenEnd   int64         // end of the last line read
 	cpDirty   bool
 	headDirty bool
+	unsettled bool   // lines delivered since a change the watcher's settled check has yet to confirm
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
 	// recordedHeadSeq is headSeq as of the last checkpoint record staged.
 	recordedHeadSeq uint64
@@ -127,6 +128,7 @@ func (st *fileState) record() checkpoint.Record {
 		Entries:      a.Entries,
 		Bytes:        a.Bytes,
 		Deleted:      st.gone,
+		Unsettled:    st.unsettled,
 		HeadSeq:      st.headSeq,
 		UpdatedAt:    time.Now().UTC(),
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/watcher"
 )
 
 // TestTruncatedPastUncommittedAckNewGeneration (torture T7): a daemon published a line
@@ -41,27 +43,11 @@ func truncatedPastUncommittedAck(t *testing.T, rewrittenBefore bool) {
 	// says generation gen with the file's lines, then stops both (a clean stop commits).
 	run := func(what string, gen int, during func()) {
 		t.Helper()
-		store := openStore(t, stateDir)
-		p := startPublisher(t, ctx, srv.URL(), store)
-		stop, _ := startWatcher(t, ctx, p, root)
-		if during != nil {
-			during()
-		}
-		c, err := p.reader.Conv(f.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitUntil(t, what, func() bool {
-			h, _, err := p.reader.Head(ctx, c)
-			return err == nil && h.Generation == gen && h.LastOrdinal == int64(len(f.Lines)-1)
-		})
-		stop()
-		if err := p.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := store.Close(); err != nil {
-			t.Fatal(err)
-		}
+		runDaemon(t, ctx, srv.URL(), stateDir, watcher.Options{Roots: []string{root}, MoveGrace: 50 * time.Millisecond},
+			f.ID, what, during, func(p *Publisher, c mirror.Conv) bool {
+				h, _, err := p.reader.Head(ctx, c)
+				return err == nil && h.Generation == gen && h.LastOrdinal == int64(len(f.Lines)-1)
+			})
 	}
 	gen := 1
 	run("the file mirrored", gen, nil)
@@ -102,6 +88,33 @@ func truncatedPastUncommittedAck(t *testing.T, rewrittenBefore bool) {
 	}
 	f.Lines = kept
 	run("a new generation without the vanished line", gen+1, nil)
+}
+
+// runDaemon starts a publisher on stateDir and a watcher with wopts (its sink the
+// publisher), runs during, waits until done holds for conversation id, then stops both:
+// a clean stop commits the checkpoints.
+func runDaemon(t *testing.T, ctx context.Context, url, stateDir string, wopts watcher.Options, id, what string,
+	during func(), done func(p *Publisher, c mirror.Conv) bool) {
+	t.Helper()
+	store := openStore(t, stateDir)
+	p := startPublisher(t, ctx, url, store)
+	wopts.Sink = p
+	_, stop := startWatcherWith(t, ctx, wopts)
+	if during != nil {
+		during()
+	}
+	c, err := p.reader.Conv(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, what, func() bool { return done(p, c) })
+	stop()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // inodeOf is the identity of the file at path, as the checkpoint store keys it.

@@ -130,6 +130,20 @@ type Sink interface {
 	Gone(f File)
 }
 
+// SettleSink is a Sink that is told which lines the settled check (settle.go) has yet to
+// confirm. A rewrite that keeps the header and the last delivered line (an earlier line
+// changed, the same size) is found only by that check, once the file has been quiet for
+// Options.SettleDelay; a sink that records what it was given (a checkpoint) must not take
+// that record as proof of the file's lines after a restart while the check was pending
+// (torture T13).
+type SettleSink interface {
+	Sink
+	// Settled(f, false) is called before the first line of a change that the settled
+	// check will look at is delivered; Settled(f, true) once that check found every
+	// delivered byte in place and nothing more was delivered. An Open starts settled.
+	Settled(f File, settled bool)
+}
+
 // EventSource is the stream of file-system notifications the watcher listens to. The
 // default wraps an fsnotify.Watcher (see NewFSNotify); tests inject their own to
 // simulate an overflow (fsnotify.ErrEventOverflow on Errors) or a watch limit (Add

@@ -44,6 +44,7 @@ type fileState struct {
 	pendingWhy  OpenReason // reason of the next Open when !current
 	movePending bool       // a Moved not yet accepted by the sink
 	resumedGrew bool       // the last run delivered lines past a Start (see run)
+	unsettled   bool       // the sink was told Settled(false) since its last Open
 	skip        bool
 	skipSize    int64
 	header      []byte
@@ -218,6 +219,11 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			}
 		}
 		s.announced, s.current, s.movePending = true, true, false
+		if s.unsettled && why == Moved {
+			w.settles.Settled(file, false) // the check still pending: the sink's new state hears it
+		} else {
+			s.unsettled = false
+		}
 		s.pendingWhy = Discovered
 		s.header, s.skip, s.skipSize = hdr, st.Skip, size
 		s.t = t
@@ -233,10 +239,18 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 
+	// Lines of a change are checked by the settled check only (succeed arms it when the
+	// file changed since its last complete run, or a resumed tail grew): the sink hears
+	// so before the first of them.
+	unsettling := w.settles != nil && w.opts.SettleDelay > 0 && ((s.snap.ok && snapOf(fi) != s.snap) || !s.t.prefixOK)
 	ord := s.t.ord
 	n, err := lr.advance(f, &s.t, size, func(l Line) error {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if unsettling && !s.unsettled {
+			s.unsettled = true
+			w.settles.Settled(file, false)
 		}
 		if err := w.sink.Line(ctx, file, l); err != nil {
 			return sinkError{err}
@@ -277,6 +291,12 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 	case err != nil:
 		w.fail(s, errReason(err), "read", err, false)
 		return
+	}
+	if settle && s.unsettled && s.t.ord == ord {
+		// The settled check found every delivered byte in place (a change would have
+		// reopened the file above), and nothing was delivered since.
+		s.unsettled = false
+		w.settles.Settled(file, true)
 	}
 	w.setTorn(s, s.t.off, size-s.t.off)
 	w.succeed(s, fi)

@@ -129,6 +129,19 @@ func (s *recSink) Torn(f File, offset, n int64) {
 	s.calls = append(s.calls, call{op: "torn", f: f, off: offset, n: n})
 }
 
+// Settled records the settled check's news as op "settled" (n: 1 settled, 0 not).
+func (s *recSink) Settled(f File, settled bool) {
+	s.enter(f.ID)
+	defer s.leave(f.ID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := call{op: "settled", f: f}
+	if settled {
+		c.n = 1
+	}
+	s.calls = append(s.calls, c)
+}
+
 func (s *recSink) Gone(f File) {
 	s.enter(f.ID)
 	defer s.leave(f.ID)

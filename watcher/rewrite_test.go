@@ -489,3 +489,51 @@ func TestRewriteShiftingAnEmptyLastLine(t *testing.T) {
 		return r[len(r)-1] == Truncated && strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
 	})
 }
+
+// TestSettledToldAroundAChange: torture T13. The sink hears that lines are not settled
+// before the first line of a change, and that they are once the settled check found
+// every delivered byte in place; a change the check finds instead is a Truncated Open,
+// never a Settled(true). The back-fill of a file opened from its start is settled.
+func TestSettledToldAroundAChange(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	lines := session("settling", 3)
+	writeFile(t, p, joinLines(lines...))
+	sink := newRecSink()
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
+	h.ready(t)
+	waitLines(t, sink, p, lines...)
+	if s := sink.find("settled", p); len(s) != 0 {
+		t.Fatalf("back-fill: %+v", s)
+	}
+	// seq is the calls for p as "open", "line", "unsettled", "settled".
+	seq := func() []string {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		var out []string
+		for _, c := range sink.calls {
+			switch {
+			case c.f.Path != p || c.op == "torn":
+			case c.op == "settled" && c.n == 0:
+				out = append(out, "unsettled")
+			default:
+				out = append(out, c.op)
+			}
+		}
+		return out
+	}
+	appendFile(t, p, entry("settling", 4)+"\n")
+	want := "open line line line line unsettled line settled"
+	waitFor(t, "settled after the append", func() bool { return strings.Join(seq(), " ") == want })
+
+	// An earlier line changed (same size) and a line appended: unsettled before the
+	// appended line, then the settled check reopens the file.
+	repl := append(session("settling", 4), entry("settling", 5))
+	repl[1] = strings.Replace(repl[1], "sett0001", "SETT0001", 1)
+	overwrite(t, p, joinLines(repl...))
+	waitFor(t, "a Truncated open", func() bool { r := sink.reasons(p); return r[len(r)-1] == Truncated })
+	got := strings.Join(seq(), " ")
+	if !strings.HasPrefix(got, want+" unsettled line open") {
+		t.Fatalf("calls %s", got)
+	}
+}

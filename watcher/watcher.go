@@ -15,14 +15,16 @@ import (
 
 // Watcher finds session files under its roots and tails them into a Sink.
 type Watcher struct {
-	opts  Options
-	log   *zap.Logger
-	m     *Metrics
-	sink  Sink
-	roots []*root
-	ready chan struct{}
-	ran   atomic.Bool
-	src   EventSource // set by Run before any goroutine starts
+	opts Options
+	log  *zap.Logger
+	m    *Metrics
+	sink Sink
+	// settles is the sink when it is a SettleSink, else nil.
+	settles SettleSink
+	roots   []*root
+	ready   chan struct{}
+	ran     atomic.Bool
+	src     EventSource // set by Run before any goroutine starts
 
 	scanKick  chan struct{} // wakes the scanner: a root wants a rescan
 	clockKick chan struct{} // wakes the clock: an earlier deadline was added
@@ -80,6 +82,7 @@ func New(opts Options) (*Watcher, error) {
 		states:     map[string]int{},
 	}
 	w.cond = sync.NewCond(&w.mu)
+	w.settles, _ = opts.Sink.(SettleSink)
 	w.bufs.New = func() any {
 		return &readBufs{buf: make([]byte, opts.ReadBuffer), vbuf: make([]byte, min(opts.ReadBuffer, maxCheckBuf))}
 	}

@@ -1,0 +1,27 @@
+package publisher
+
+import "github.com/pisync/pisync/watcher"
+
+var _ watcher.SettleSink = (*Publisher)(nil)
+
+// Settled records whether the lines of a file are confirmed by the watcher's settled
+// check, in the file's next checkpoint: a daemon stopped while the check of a change was
+// pending compares the file with the mirror at the next start instead of trusting its
+// checkpoint, which would otherwise prove a rewrite that kept the last line mirrored
+// (torture T13).
+func (p *Publisher) Settled(f watcher.File, settled bool) {
+	st := p.state(f.ID)
+	if st == nil || st.skipped || st.file.Path != f.Path {
+		return
+	}
+	st.mu.Lock()
+	changed := st.unsettled == settled
+	st.unsettled = !settled
+	if changed {
+		st.cpDirty = true
+	}
+	st.mu.Unlock()
+	if changed {
+		p.mark(&p.dirtyCP, st)
+	}
+}
