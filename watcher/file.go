@@ -43,7 +43,7 @@ type fileState struct {
 	current     bool       // the sink has opened the present content
 	pendingWhy  OpenReason // reason of the next Open when !current
 	movePending bool       // a Moved not yet accepted by the sink
-	resumedGrew bool       // the last run delivered lines past a Start (see run)
+	resumedGrew bool       // the last run found lines (or a torn tail) past a Start (see run)
 	unsettled   bool       // the sink was told Settled(false) since its last Open
 	skip        bool
 	skipSize    int64
@@ -258,10 +258,11 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return nil
 	})
 	w.addRead(n)
-	// A tail resumed from a Start that finds lines past it: the file changed while the
-	// daemon was away, perhaps rewritten keeping the line before the Start. The settled
-	// check then has it compared with the mirror (Rechecked).
-	s.resumedGrew = !s.t.prefixOK && s.t.ord > ord
+	// A tail resumed from a Start that finds lines past it, or the start of one (a torn
+	// tail): the file changed while the daemon was away, perhaps rewritten keeping the
+	// line before the Start. The settled check then has it compared with the mirror
+	// (Rechecked).
+	s.resumedGrew = !s.t.prefixOK && (s.t.ord > ord || size > s.t.off)
 	if delivered := s.t.ord - ord; delivered > 0 {
 		w.lines.Add(delivered)
 		w.m.lines.Add(float64(delivered))

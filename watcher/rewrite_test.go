@@ -537,3 +537,33 @@ func TestSettledToldAroundAChange(t *testing.T) {
 		t.Fatalf("calls %s", got)
 	}
 }
+
+// TestRewriteWhileAwayThenTornIsRechecked: torture seed 877348171493. While the daemon
+// was down, Pi rewrote an earlier line (same size) and started a line it had not
+// finished when the daemon came back: no line past the Start, only a torn tail. The
+// file holds bytes past the checkpoint: it changed while away, and the settled check
+// has it compared with the mirror (Rechecked), as when lines were appended.
+func TestRewriteWhileAwayThenTornIsRechecked(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("awaytorn", 4)
+	resumeAt := int64(len(joinLines(old...)))
+	now := slices.Clone(old)
+	now[2] = strings.Replace(now[2], "away0002", "AWAY0002", 1)
+	writeFile(t, p, joinLines(now...)+`{"type":"message","id":"torn`)
+	sink := newRecSink()
+	sink.open = func(f File, why OpenReason) (Start, error) {
+		if why == Discovered {
+			return Start{Offset: resumeAt, Ordinal: int64(len(old))}, nil // the checkpoint of the old content
+		}
+		return Start{}, nil
+	}
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
+	h.ready(t)
+	waitFor(t, "the whole file after a Rechecked open", func() bool {
+		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(now, "\n")
+	})
+	if r := sink.reasons(p); r[len(r)-1] != Rechecked {
+		t.Fatalf("opens %v", r)
+	}
+}
