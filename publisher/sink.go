@@ -314,10 +314,35 @@ func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key st
 		return "", false
 	}
 	h, _, err := p.reader.Head(ctx, conv)
+	if errors.Is(err, mirror.ErrNotFound) {
+		return alt, p.mirroredWithoutHead(ctx, conv, f)
+	}
 	if err != nil || h.Host != p.opts.Host || h.Root != f.Root || h.Source != f.Rel {
 		return "", false
 	}
 	return alt, true
+}
+
+// mirroredWithoutHead tells whether conversation c, which has no head, holds lines this
+// host mirrored from a file at f's path: a daemon killed after it gave f its clash key
+// and before its first head flush, then started without its state directory, must give
+// f that key again, or f takes another and two keys hold its lines (torture T3, seed
+// 410889947860). The key is derived from f's root and path, so a line of this host from
+// f's relative path is the evidence. It asks the mirror only when the owner's view counts
+// messages under the key (rare: most files opened without a checkpoint have no clash
+// key), then reads one message's headers.
+func (p *Publisher) mirroredWithoutHead(ctx context.Context, c mirror.Conv, f watcher.File) bool {
+	counts, _, ok := p.view.get(ctx, p)
+	if !ok || counts[c.Key] == 0 {
+		return false
+	}
+	errFound := errors.New("found")
+	var first mirror.Line
+	err := p.reader.Scan(ctx, c, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
+		first = m.Line
+		return errFound
+	})
+	return errors.Is(err, errFound) && first.Host == p.opts.Host && first.Source == f.Rel
 }
 
 // beginOpen marks f as being opened: a conversation key it claims stays its own until
