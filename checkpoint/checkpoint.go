@@ -55,6 +55,11 @@ type Record struct {
 	// had yet to confirm (a rewrite keeping the last line is found only by it): at the
 	// next start the file is compared with the mirror, not trusted up to Offset.
 	Unsettled bool `json:"unsettled,omitempty"`
+	// MTime is the file's modification time (Unix nanoseconds) when its content was last
+	// known to match the mirror (opened, or the settled check passed); a file written
+	// since, while no watcher ran, is compared with the mirror at the next start. 0 in
+	// records written before it was kept.
+	MTime int64 `json:"mtime,omitempty"`
 	// HeadSeq is the StreamSeq of the last head written to the mirror: a daemon killed
 	// after committing a checkpoint but before writing the head rewrites it at start.
 	HeadSeq   uint64    `json:"head_seq,omitempty"`

@@ -40,20 +40,7 @@ func TestUnsettledCheckpointComparedAtStart(t *testing.T) {
 	run := func(what string, gen int, during func()) {
 		t.Helper()
 		runDaemon(t, ctx, srv.URL(), stateDir, watcher.Options{Roots: []string{root}, SettleDelay: time.Hour},
-			f.ID, what, during, func(p *Publisher, c mirror.Conv) bool {
-				g, err := p.reader.ReadGeneration(ctx, c, 0)
-				if err != nil || g.Number != gen || len(g.Msgs) != len(f.Lines) {
-					return false
-				}
-				for i, m := range g.Msgs {
-					sum := sha256.Sum256(f.Lines[i])
-					if m.SHA256 != hex.EncodeToString(sum[:]) {
-						return false
-					}
-				}
-				h, _, err := p.reader.Head(ctx, c)
-				return err == nil && h.Generation == gen && h.LastOrdinal == int64(len(f.Lines)-1)
-			})
+			f.ID, what, during, func(p *Publisher, c mirror.Conv) bool { return newestIs(ctx, p, c, gen, f.Lines) })
 	}
 	run("the file mirrored", 1, nil)
 	var lines [][]byte
@@ -81,4 +68,61 @@ func TestUnsettledCheckpointComparedAtStart(t *testing.T) {
 	})
 	f.Lines = lines
 	run("a new generation with the rewritten line", 2, nil)
+}
+
+// TestWrittenWhileStoppedComparedAtStart (torture T13's variant, seeds 166613635693,
+// 476227593016, 9446429251): an earlier line rewritten the same size while no daemon
+// ran, and nothing appended since. The file ends where its checkpoint says, with the
+// same last line: only its modification time tells it was written. It is compared with
+// the mirror at start: a new generation.
+func TestWrittenWhileStoppedComparedAtStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	root, stateDir := t.TempDir(), t.TempDir()
+	f := sessiontest.New(rand.New(rand.NewPCG(14, 14)), root, "/home/dev/p", sessiontest.CLIV3)
+	if err := f.Append(f.HeaderLine("/home/dev/p"), f.Entry(300), f.Entry(400), f.Entry(300)); err != nil {
+		t.Fatal(err)
+	}
+	run := func(what string, gen int) {
+		t.Helper()
+		runDaemon(t, ctx, srv.URL(), stateDir, watcher.Options{Roots: []string{root}}, f.ID, what, nil,
+			func(p *Publisher, c mirror.Conv) bool { return newestIs(ctx, p, c, gen, f.Lines) })
+	}
+	run("the file mirrored", 1)
+	fi, err := os.Stat(f.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := append([][]byte(nil), f.Lines...)
+	lines[2] = bytes.Replace(lines[2], []byte(`"timestamp":"2`), []byte(`"timestamp":"3`), 1)
+	if bytes.Equal(lines[2], f.Lines[2]) {
+		t.Fatal("bad fixture: no timestamp")
+	}
+	if err := sessiontest.Rewrite(f.Path, lines); err != nil {
+		t.Fatal(err)
+	}
+	// A clock that has not moved on (a coarse file system) is not what this is about.
+	if err := os.Chtimes(f.Path, time.Time{}, fi.ModTime().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	f.Lines = lines
+	run("a new generation with the rewritten line", 2)
+}
+
+// newestIs reports whether the newest generation of c is gen, holds exactly lines and
+// its head says so.
+func newestIs(ctx context.Context, p *Publisher, c mirror.Conv, gen int, lines [][]byte) bool {
+	g, err := p.reader.ReadGeneration(ctx, c, 0)
+	if err != nil || g.Number != gen || len(g.Msgs) != len(lines) {
+		return false
+	}
+	for i, m := range g.Msgs {
+		sum := sha256.Sum256(lines[i])
+		if m.SHA256 != hex.EncodeToString(sum[:]) {
+			return false
+		}
+	}
+	h, _, err := p.reader.Head(ctx, c)
+	return err == nil && h.Generation == gen && h.LastOrdinal == int64(len(lines)-1)
 }

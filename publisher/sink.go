@@ -109,7 +109,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.m.notSession.Inc()
 		return watcher.Start{Skip: true}, nil
 	}
-	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size}
+	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size,
+		mtime: f.MTime}
 	start := watcher.Start{}
 	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
 		ok, err := verifyLastLine(f.Path, rec)
@@ -121,6 +122,11 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 			// Stopped while the watcher's settled check of a change was pending: a rewrite
 			// that kept the last line may lie under the checkpoint (torture T13).
 			log.Info("the daemon stopped before a change of this file was checked; comparing it with the mirror")
+		case ok && rec.MTime != 0 && rec.MTime != f.MTime && f.Size == rec.Offset:
+			// Written while no watcher ran, and no longer (an earlier line rewritten the
+			// same size, the last line kept): compared whole, not trusted. A file that grew
+			// is resumed and the watcher has it compared (Rechecked) once it is quiet.
+			log.Info("file written since its checkpoint; comparing it with the mirror")
 		case ok:
 			st.acked = frontierOf(rec)
 			st.headSeq, st.recordedHeadSeq = rec.HeadSeq, rec.HeadSeq

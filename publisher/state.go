@@ -48,6 +48,7 @@ type fileState struct {
 	cpDirty   bool
 	headDirty bool
 	unsettled bool   // lines delivered since a change the watcher's settled check has yet to confirm
+	mtime     int64  // the file's modification time when last compared or checked whole (see Settled)
 	headSeq   uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
 	// recordedHeadSeq is headSeq as of the last checkpoint record staged.
 	recordedHeadSeq uint64
@@ -129,6 +130,7 @@ func (st *fileState) record() checkpoint.Record {
 		Bytes:        a.Bytes,
 		Deleted:      st.gone,
 		Unsettled:    st.unsettled,
+		MTime:        st.mtime,
 		HeadSeq:      st.headSeq,
 		UpdatedAt:    time.Now().UTC(),
 	}

@@ -91,16 +91,21 @@ func truncatedPastUncommittedAck(t *testing.T, rewrittenBefore bool) {
 }
 
 // runDaemon starts a publisher on stateDir and a watcher with wopts (its sink the
-// publisher), runs during, waits until done holds for conversation id, then stops both:
-// a clean stop commits the checkpoints.
+// publisher), runs during once the first scan is done, waits until done holds for
+// conversation id, then stops both: a clean stop commits the checkpoints.
 func runDaemon(t *testing.T, ctx context.Context, url, stateDir string, wopts watcher.Options, id, what string,
 	during func(), done func(p *Publisher, c mirror.Conv) bool) {
 	t.Helper()
 	store := openStore(t, stateDir)
 	p := startPublisher(t, ctx, url, store)
 	wopts.Sink = p
-	_, stop := startWatcherWith(t, ctx, wopts)
+	w, stop := startWatcherWith(t, ctx, wopts)
 	if during != nil {
+		select { // what during does happens to a running daemon
+		case <-w.Ready():
+		case <-ctx.Done():
+			t.Fatal("watcher not ready")
+		}
 		during()
 	}
 	c, err := p.reader.Conv(id)

@@ -40,6 +40,7 @@ type File struct {
 	ID     FileID
 	Header []byte // the first complete line (without its "\n"); a copy, safe to keep; nil when it is longer than Options.MaxInlineBytes
 	Size   int64  // size at the time of the call
+	MTime  int64  // modification time at the time of the call (Unix nanoseconds)
 }
 
 // OpenReason says why Sink.Open is called.
@@ -138,9 +139,10 @@ type Sink interface {
 // (torture T13).
 type SettleSink interface {
 	Sink
-	// Settled(f, false) is called before the first line of a change that the settled
-	// check will look at is delivered; Settled(f, true) once that check found every
-	// delivered byte in place and nothing more was delivered. An Open starts settled.
+	// Settled(f, false) is called when a run finds a change that the settled check will
+	// look at, before any line of it is delivered; Settled(f, true) once that check found
+	// every delivered byte in place and nothing more was delivered (f.MTime is then the
+	// modification time of the content checked). An Open starts settled.
 	Settled(f File, settled bool)
 }
 

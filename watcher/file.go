@@ -143,7 +143,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 	size := fi.Size()
-	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Header: s.header, Size: size}
+	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Header: s.header, Size: size, MTime: fi.ModTime().UnixNano()}
 
 	if (reopen || size < s.file.Size) && s.current && !s.skip {
 		// Asked to, or smaller than at the last run: bytes the sink was told of (its Open
@@ -239,18 +239,18 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 
-	// Lines of a change are checked by the settled check only (succeed arms it when the
-	// file changed since its last complete run, or a resumed tail grew): the sink hears
-	// so before the first of them.
-	unsettling := w.settles != nil && w.opts.SettleDelay > 0 && ((s.snap.ok && snapOf(fi) != s.snap) || !s.t.prefixOK)
+	// A change is checked by the settled check only (succeed arms it when the file
+	// changed since its last complete run, or a resumed tail finds bytes past its
+	// Start): the sink hears so before the first line of it.
+	if w.settles != nil && !s.unsettled && w.opts.SettleDelay > 0 &&
+		((s.snap.ok && snapOf(fi) != s.snap) || (!s.t.prefixOK && size > s.t.off)) {
+		s.unsettled = true
+		w.settles.Settled(file, false)
+	}
 	ord := s.t.ord
 	n, err := lr.advance(f, &s.t, size, func(l Line) error {
 		if err := ctx.Err(); err != nil {
 			return err
-		}
-		if unsettling && !s.unsettled {
-			s.unsettled = true
-			w.settles.Settled(file, false)
 		}
 		if err := w.sink.Line(ctx, file, l); err != nil {
 			return sinkError{err}
