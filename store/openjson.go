@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -18,15 +19,19 @@ import (
 func appendJSONString(dst, s []byte) ([]byte, bool) {
 	const hex = "0123456789abcdef"
 	start := len(dst)
+	dst = slices.Grow(dst, len(s)+len(s)/8+2) // entry lines are JSON: a quote every few bytes
 	dst = append(dst, '"')
 	plain := 0 // s[plain:i] is copied as it is
 	for i := 0; i < len(s); {
+		// Most bytes are plain ASCII: skip them with one table look-up each.
+		for i < len(s) && jsonClass[s[i]] == classPlain {
+			i++
+		}
+		if i == len(s) {
+			break
+		}
 		b := s[i]
-		if b < utf8.RuneSelf {
-			if jsonSafe(b) {
-				i++
-				continue
-			}
+		if jsonClass[b] == classEscape {
 			dst = append(dst, s[plain:i]...)
 			switch b {
 			case '\\', '"':
@@ -65,10 +70,25 @@ func appendJSONString(dst, s []byte) ([]byte, bool) {
 	return append(dst, '"'), true
 }
 
-// jsonSafe reports whether encoding/json writes the ASCII byte b as it is.
-func jsonSafe(b byte) bool {
-	return b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&'
-}
+// The classes of a byte for appendJSONString.
+const (
+	classPlain  = iota // ASCII that encoding/json writes as it is
+	classEscape        // ASCII that it escapes
+	classUTF8          // the start or continuation of a multi-byte sequence
+)
+
+// jsonClass is the class of each byte value.
+var jsonClass = func() (t [256]uint8) {
+	for b := 0; b < 256; b++ {
+		switch {
+		case b >= utf8.RuneSelf:
+			t[b] = classUTF8
+		case b < 0x20 || b == '"' || b == '\\' || b == '<' || b == '>' || b == '&':
+			t[b] = classEscape
+		}
+	}
+	return t
+}()
 
 // appendOpenEntry appends one entry of an open reply as encoding/json writes OpenEntry,
 // with line as its line unless line is nil. ok is false, and dst returned as it was, if

@@ -81,3 +81,16 @@ func TestOpenReplyJSON(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAppendJSONString encodes entry lines of about 1 KiB as Pi writes them (a
+// message with text, quotes and a few non-ASCII characters), as open does for each entry.
+func BenchmarkAppendJSONString(b *testing.B) {
+	text := bytes.Repeat([]byte("The store answers each request in order; naïve readers — "), 20)
+	line, _ := json.Marshal(map[string]any{"type": "message", "id": "a1b2c3d4", "parentId": "f0e1d2c3",
+		"timestamp": "2026-12-02T05:00:00.000Z", "message": map[string]any{"role": "user", "content": string(text)}})
+	buf := make([]byte, 0, 4*len(line))
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		buf, _ = appendJSONString(buf[:0], line)
+	}
+}
