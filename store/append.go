@@ -32,8 +32,23 @@ func digest(b []byte) string {
 
 // Append adds one entry line (its exact bytes) to conversation id of owner o, after the
 // caller's leaf expected ("" for null), in DESIGN §8's order: owner → idempotency →
-// expected head → publish with the expected subject sequence → head.
+// expected head → publish with the expected subject sequence → head. The head is written
+// when it returns.
 func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string, line []byte) (AppendReply, *Error) {
+	return s.appendLine(ctx, o, id, expected, line, nil)
+}
+
+// appendLine is Append. When later is not nil and the head already says the store
+// writes this generation, the head's compare-and-set is left to *later, which the service
+// calls once the reply is sent: an append's reply then waits for one JetStream round trip
+// (the publish), not two, and the next append on the conversation publishes while the
+// head is written (writeHeads). What the deferred update changes is how far the head is,
+// never who writes the conversation: the first append through the store writes the head
+// before its reply, since the daemon reads from it who writes (DESIGN §8 "One writer at
+// a time"). Readers of the heads bucket may see the head behind the stream for that
+// moment, as after a replica stopped between its publish and its head update: the stream
+// is the truth, and an open or append on another replica works from it.
+func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected string, line []byte, later *func()) (AppendReply, *Error) {
 	c, err := mirror.NewConv(o, id)
 	if err != nil {
 		return AppendReply{}, errorf(CodeNotFound, "conversation %q not found", id)
@@ -98,14 +113,24 @@ func (s *Store) Append(ctx context.Context, o mirror.Owner, id, expected string,
 			fresh, dupSeen = false, true
 			continue
 		}
+		storeHead := st.kvHasHead && st.kvRev != 0 && st.kvHead.Writer == mirror.WriterStore && st.kvHead.Generation == st.gen
 		st.subjSeq = ack.Sequence
 		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
 		st.writer = mirror.WriterStore
+		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
+		if later != nil && storeHead {
+			st.headDirty = true
+			if !st.headWriting { // else the request writing the head writes this append's too
+				st.headWriting = true
+				*later = func() { s.writeHeads(ctx, st) }
+			}
+			return done, nil
+		}
 		if err := s.saveHead(ctx, st); err != nil {
 			// The entry is stored; the next open or append repairs the head from the stream.
 			s.log.Warn("append: head not updated", zapConv(st), zapErr(err))
 		}
-		return AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}, nil
+		return done, nil
 	}
 	return AppendReply{}, errorf(CodeUnavailable, "conversation %s kept changing, or JetStream did not answer; retry", id)
 }

@@ -244,7 +244,32 @@ func (e *env) streamMsgs(owner, id string) []mirror.Msg {
 	return msgs
 }
 
+// kvHead is the conversation's head in the heads bucket once it has caught up with the
+// stream: an append's reply may come before its head is written (appendLine). After a
+// deadline it is the head as it is.
 func (e *env) kvHead(owner, id string) mirror.Head {
+	e.t.Helper()
+	r, c := e.reader(owner, id)
+	ctx := ctxFor(e.t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h, _, err := r.Head(ctx, c)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		last, err := r.LastSeq(ctx, c)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if h.LastSeq >= last || time.Now().After(deadline) {
+			return h
+		}
+		time.Sleep(time.Millisecond) // the interval of a poll with a deadline
+	}
+}
+
+// kvHeadNow is the conversation's head in the heads bucket as it is.
+func (e *env) kvHeadNow(owner, id string) mirror.Head {
 	e.t.Helper()
 	r, c := e.reader(owner, id)
 	h, _, err := r.Head(ctxFor(e.t), c)

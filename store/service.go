@@ -114,7 +114,9 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 	defer s.m.inflight.Dec()
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	reply, e := s.dispatch(ctx, op, r)
+	later := func() {}
+	defer func() { later() }() // once the reply is sent: the head an append left to write
+	reply, e := s.dispatch(ctx, op, r, &later)
 	code := CodeOK
 	if e != nil {
 		code = e.Code
@@ -154,7 +156,9 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 // okReply wraps a successful reply's fields with "ok": true.
 type okReply map[string]any
 
-func (s *Store) dispatch(ctx context.Context, op string, r micro.Request) (any, *Error) {
+// dispatch answers one request; work that may wait until the reply is sent (an append's
+// head update) is left in *later.
+func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later *func()) (any, *Error) {
 	o, _, err := s.names.ParseStoreSubject(r.Subject())
 	if err != nil {
 		return nil, errorf(CodeInvalid, "%v", err)
@@ -222,7 +226,7 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request) (any, 
 		}
 		switch {
 		case req.Line != nil && req.Blob == nil:
-			return s.Append(ctx, o, req.ID, expected, []byte(*req.Line))
+			return s.appendLine(ctx, o, req.ID, expected, []byte(*req.Line), later)
 		case req.Blob != nil && req.Line == nil:
 			return s.AppendBlob(ctx, o, req.ID, expected, *req.Blob)
 		}

@@ -53,6 +53,11 @@ type conv struct {
 	kvRev     uint64      // revision of the head we last read or wrote (0: none)
 	kvHead    mirror.Head // that head
 	kvHasHead bool
+
+	// An append whose head already says the store writes this generation leaves the
+	// head's update until after its reply (appendLine): headDirty says the head is behind
+	// what this replica published, headWriting that a request is writing it (writeHeads).
+	headDirty, headWriting bool
 }
 
 // scanned is one message's metadata as load keeps it until the generation is chosen.
@@ -283,11 +288,67 @@ func (s *Store) saveHead(ctx context.Context, c *conv) error {
 	return fmt.Errorf("put head %s: the revision kept changing", c.c.Key)
 }
 
+// writeHeads writes c's head by compare-and-set until it holds everything this replica
+// has published, outside c.mu so that the next append publishes meanwhile; appends that
+// came in the meantime are written together. The caller set c.headWriting (one request at
+// a time writes) and does not hold c.mu. On an error it stops: the head stays behind the
+// stream until the next open or append repairs it, as after a replica stopped between its
+// publish and its head update.
+func (s *Store) writeHeads(ctx context.Context, c *conv) {
+	c.mu.Lock()
+	defer func() {
+		c.headWriting = false
+		c.mu.Unlock()
+	}()
+	for fails := 0; c.headDirty && fails < attempts; {
+		if !c.loaded || c.kvRev == 0 || ctx.Err() != nil {
+			return
+		}
+		c.headDirty = false
+		val, rev, headerSeq, genSeq := mirror.EncodeHead(s.headValue(c)), c.kvRev, c.headerSeq, c.genSeq
+		c.mu.Unlock()
+		newRev, err := s.kv.Update(ctx, c.c.HeadKey(), val, rev)
+		var cur jetstream.KeyValueEntry
+		lost := err != nil && (errors.Is(err, jetstream.ErrKeyExists) || isWrongSequence(err))
+		if lost {
+			cur, err = s.kv.Get(ctx, c.c.HeadKey())
+		}
+		c.mu.Lock()
+		if !c.loaded || c.headerSeq != headerSeq {
+			return // deleted meanwhile (and perhaps created again): not this head to write
+		}
+		switch {
+		case err != nil:
+			s.log.Warn("append: head not updated", zapConv(c), zapErr(err))
+			c.headDirty = true
+			return
+		case !lost:
+			fails = 0
+			if newRev > c.kvRev {
+				c.kvRev, c.kvHasHead = newRev, true
+				c.kvHead, _ = mirror.DecodeHead(val)
+			}
+		default: // another write came first: at least as far along, or written over
+			fails++
+			if cur.Revision() > c.kvRev {
+				c.kvRev = cur.Revision()
+			}
+			h, derr := mirror.DecodeHead(cur.Value())
+			if derr == nil {
+				c.kvHead = h
+			}
+			if derr != nil || h.Writer != mirror.WriterStore || h.Generation != c.gen || h.LastSeq < genSeq {
+				c.headDirty = true
+			}
+		}
+	}
+}
+
 // repairHead rewrites the head of a store-written conversation when the stream is ahead
 // of it (a replica stopped between its publish and its head update).
 func (s *Store) repairHead(ctx context.Context, c *conv) {
-	if c.writer != mirror.WriterStore {
-		return
+	if c.writer != mirror.WriterStore || c.headWriting {
+		return // not the store's, or being written by the request of an append
 	}
 	if c.kvHasHead && c.kvHead.Generation == c.gen && c.kvHead.LastSeq >= c.genSeq && c.kvHead.Head == c.head {
 		return

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -472,7 +473,9 @@ func TestContinueMirroredConversation(t *testing.T) {
 	if last := msgs[len(msgs)-1]; last.Generation != 2 || last.Ordinal != 3 {
 		t.Fatalf("appended as %+v", last.Line)
 	}
-	if h := e.kvHead("alice", "mirrored"); h.Writer != mirror.WriterStore || h.Generation != 2 || h.Head != "c3d4e5f6" {
+	// The first append through the store makes the head the store's before its reply
+	// (the daemon learns from the head who writes): read without waiting.
+	if h := e.kvHeadNow("alice", "mirrored"); h.Writer != mirror.WriterStore || h.Generation != 2 || h.Head != "c3d4e5f6" {
 		t.Fatalf("head %+v", h)
 	}
 }
@@ -502,5 +505,57 @@ func TestOpenSeesEveryAppend(t *testing.T) {
 	}
 	if r := e.req("alice", "open", map[string]any{"id": "conv1"}); r.code() != "not_found" {
 		t.Fatalf("open after delete: %s, want not_found", r.code())
+	}
+}
+
+// An append's reply may come before its head is written; the head written afterwards
+// catches up with every append (those that came meanwhile written together), never goes
+// back, and a conversation deleted meanwhile does not get its head back.
+func TestHeadWrittenAfterReply(t *testing.T) {
+	cases := []struct {
+		name     string
+		appends  int
+		deleteAt bool // delete right after the last append's reply
+	}{
+		{"one append", 1, false},
+		{"appends one after the other", 40, false},
+		{"delete right after", 20, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, 0, store.Options{})
+			svc := e.addReplica(store.Options{})
+			e.create("alice", "conv1")
+			head := ""
+			for i := 0; i < tc.appends; i++ {
+				id := fmt.Sprintf("h%07d", i)
+				a := e.mustAppend("alice", "conv1", head, entryLine(id, head, "x"))
+				if a.Head == nil || *a.Head != id {
+					t.Fatalf("append %d: head %v, want %s", i, a.Head, id)
+				}
+				head = id
+			}
+			if tc.deleteAt {
+				if r := e.req("alice", "delete", map[string]any{"id": "conv1"}); !r.OK {
+					t.Fatalf("delete: %+v", r.Error)
+				}
+			}
+			// Stop waits for the requests at work, the writing of heads included.
+			if err := svc.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			r, c := e.reader("alice", "conv1")
+			h, _, err := r.Head(ctxFor(t), c)
+			if tc.deleteAt {
+				if !errors.Is(err, mirror.ErrNotFound) {
+					t.Fatalf("head of the deleted conversation: %+v, %v; want none", h, err)
+				}
+				return
+			}
+			msgs := e.streamMsgs("alice", "conv1")
+			if err != nil || h.Head != head || h.LastSeq != msgs[len(msgs)-1].Seq || h.Entries != int64(tc.appends+1) || h.Writer != mirror.WriterStore {
+				t.Fatalf("head %+v (%v), want %s at sequence %d", h, err, head, msgs[len(msgs)-1].Seq)
+			}
+		})
 	}
 }
