@@ -385,6 +385,12 @@ type recoverReport struct {
 		Output       string `json:"output"`
 		Result       string `json:"result"`
 		Reason       string `json:"reason"`
+		// What a refusal's rebuild saw, for a head mismatch (FINDINGS T9): the stream
+		// read short of the head, or another leaf over the same lines.
+		Generation int                 `json:"generation"`
+		Lines      int                 `json:"lines"`
+		Missing    []recovery.Range    `json:"missing_ordinals"`
+		Conflicts  []recovery.Conflict `json:"conflicts"`
 	} `json:"conversations"`
 }
 
@@ -423,7 +429,8 @@ func (r *run) recoverAll(pair map[*file]string) *Failure {
 					same = append(same, fmt.Sprintf("[key %s → %s %s]", o.Key, rel(r.dir, o.Output), o.Result))
 				}
 			}
-			bad = append(bad, fmt.Sprintf("%s: key %s %s: %s; reports of the id: %s", f, key, c.Result, c.Reason, strings.Join(same, " ")))
+			bad = append(bad, fmt.Sprintf("%s: key %s %s: %s (generation %d, %d lines rebuilt, missing %v, conflicts %v); reports of the id: %s",
+				f, key, c.Result, c.Reason, c.Generation, c.Lines, c.Missing, c.Conflicts, strings.Join(same, " ")))
 			continue
 		}
 		got, err := os.ReadFile(c.Output)
