@@ -1,7 +1,6 @@
 package publisher
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -179,39 +179,40 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, off, fro
 		return differs, err
 	}
 	defer f.Close()
-	r := bufio.NewReaderSize(io.NewSectionReader(f, off, 1<<62), 256<<10)
-	h := sha256.New()
-	var sum [sha256.Size]byte
-	for ord := from; ; {
-		if ord <= w.top {
-			for !w.decided(ord) {
-				if err := p.fill(ctx, w, ord, nil); err != nil {
-					return differs, err
-				}
+	ord := from // of the next line
+	_, err = session.ReadLines(io.NewSectionReader(f, off, 1<<62), func(l session.DigestedLine) error {
+		if ord > w.top {
+			return errLonger
+		}
+		for !w.decided(ord) {
+			if err := p.fill(ctx, w, ord, nil); err != nil {
+				return err
 			}
 		}
-		chunk, err := r.ReadSlice('\n')
-		switch {
-		case err == nil && ord > w.top:
-			return longer, nil
-		case err == nil:
-			h.Write(chunk[:len(chunk)-1]) // the digest covers the line without its newline
-			if hl, ok := w.take(ord); ok && hl.sha != [sha256.Size]byte(h.Sum(sum[:0])) {
-				return differs, nil
-			}
-			h.Reset()
-			ord++
-		case errors.Is(err, bufio.ErrBufferFull):
-			h.Write(chunk)
-		case errors.Is(err, io.EOF) && ord > w.top:
-			return sameLength, nil // a torn tail is not a line
-		case errors.Is(err, io.EOF):
-			return shorter, nil // mirrored lines vanished, or another writer added them
-		default:
-			return differs, err
+		if hl, ok := w.take(ord); ok && !hl.holds(l.SHA256) {
+			return errDiffers
 		}
+		ord++
+		return nil
+	})
+	switch {
+	case errors.Is(err, errLonger):
+		return longer, nil
+	case errors.Is(err, errDiffers):
+		return differs, nil
+	case err != nil:
+		return differs, err
+	case ord > w.top:
+		return sameLength, nil // a torn tail is not a line
 	}
+	return shorter, nil // mirrored lines vanished, or another writer added them
 }
+
+// The outcomes that end compareWithMirror's read of the file early.
+var (
+	errLonger  = errors.New("the file holds lines past the mirrored ones")
+	errDiffers = errors.New("a mirrored line differs from the file's")
+)
 
 // verifyLastLine checks that the file still holds the checkpoint's last acknowledged line
 // where the checkpoint says: the cheap test for a rewrite at start-up.
