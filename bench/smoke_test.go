@@ -51,7 +51,7 @@ func TestSmoke(t *testing.T) {
 	t.Run("store", func(t *testing.T) {
 		// Entries of 16 KiB, so that open needs more than one reply.
 		r := runStore(t, storeConfig{appends: 20, warmup: 5, openEntries: 120, opens: 1, sessions: 5, perSession: 5, entryBytes: 16 << 10})
-		if len(r.store) != 20 || len(r.raw) != 20 || len(r.jsonl) != 20 || r.pages < 2 || r.perSec <= 0 || r.rawPerSec <= 0 {
+		if len(r.store) != 20 || len(r.raw) != 20 || len(r.jsonl) != 20 || len(r.rawRead) != 1 || r.pages < 2 || r.perSec <= 0 || r.rawPerSec <= 0 {
 			t.Fatalf("%+v", r)
 		}
 	})

@@ -44,6 +44,7 @@ func storeConfigFromFlags() storeConfig {
 type storeResult struct {
 	store, jsonl, raw  []time.Duration // append latencies, sorted
 	openCold, openWarm []openTime      // open of openEntries entries
+	rawRead            []time.Duration // the same session read through an ordered consumer
 	pages              int             // replies of one open
 	perSec, rawPerSec  float64         // appends/s, all sessions at once
 	others             float64
@@ -208,7 +209,7 @@ func runStore(tb testing.TB, cfg storeConfig) storeResult {
 	res.store, res.jsonl, res.raw = storeLatencies(tb, f, rng, cfg)
 	stop()
 	stop = profile(tb, "store-open")
-	res.openCold, res.openWarm, res.pages = storeOpens(tb, f, rng, cfg)
+	res.openCold, res.openWarm, res.rawRead, res.pages = storeOpens(tb, f, rng, cfg)
 	stop()
 	stop = profile(tb, "store-concurrent")
 	res.perSec, res.rawPerSec = storeConcurrent(tb, f, rng, cfg)
@@ -294,8 +295,10 @@ func storeLatencies(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeCon
 // storeOpens times opens of a session of cfg.openEntries entries (timeOpen): cold, each on
 // a replica that has never seen the session (a replica started, or restarted, since it
 // was written), and warm, on a replica that knows the conversation and has just appended
-// to it (the snapshot is new, so open reads it).
-func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig) (cold, warm []openTime, pages int) {
+// to it (the snapshot is new, so open reads it). raw is the ceiling of a cold open: the
+// time to read every message of the session, bodies included, through an ordered
+// consumer on its subject (mirror.Reader.Scan, what a cold open does before it answers).
+func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig) (cold, warm []openTime, raw []time.Duration, pages int) {
 	sf := f.newSession(tb, rng, "/bench/open")
 	o := f.owner
 	ctx := benchCtx(tb)
@@ -315,13 +318,33 @@ func storeOpens(tb testing.TB, f *storeFixture, rng *rand.Rand, cfg storeConfig)
 		settle()
 		cold = append(cold, timeOpen(tb, f, sf))
 	}
+	r, err := mirror.NewReader(ctx, f.js, f.names, o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := r.Conv(sf.ID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := 0; i < cfg.opens; i++ {
+		settle()
+		n, t0 := 0, time.Now()
+		if err := r.Scan(ctx, c, mirror.ScanOptions{}, func(m mirror.Msg) error { n++; return nil }); err != nil {
+			tb.Fatal(err)
+		}
+		raw = append(raw, time.Since(t0))
+		if n != len(sf.Lines)+1 {
+			tb.Fatalf("read %d messages, the session has %d lines and its header", n, len(sf.Lines))
+		}
+	}
+	slices.Sort(raw)
 	for i := 0; i < cfg.opens; i++ {
 		head := sf.Leaf()
 		f.appendLine(tb, sf, head, sf.Message(cfg.entryBytes))
 		warm = append(warm, timeOpen(tb, f, sf))
 	}
 	pages = cold[0].pages
-	return cold, warm, pages
+	return cold, warm, raw, pages
 }
 
 // openTime is one timed open.
@@ -435,6 +458,8 @@ func reportStore(b *testing.B, cfg storeConfig, r storeResult) {
 	b.ReportMetric(ms(medianOf(r.openCold, wait)), "open-cold-ms")
 	b.ReportMetric(ms(medianOf(r.openCold, client)), "open-cold-client-ms")
 	b.ReportMetric(ms(medianOf(r.openCold, cpu)), "open-cold-cpu-ms")
+	b.ReportMetric(ms(quantile(r.rawRead, 0.5)), "raw-read-ms")
+	b.ReportMetric(ratio(medianOf(r.openCold, wait), quantile(r.rawRead, 0.5)), "open-cold-raw-ratio")
 	b.ReportMetric(ms(medianOf(r.openWarm, wait)), "open-warm-ms")
 	b.ReportMetric(ms(medianOf(r.openWarm, client)), "open-warm-client-ms")
 	b.ReportMetric(ms(medianOf(r.openWarm, cpu)), "open-warm-cpu-ms")
