@@ -27,6 +27,9 @@ type OpenReply struct {
 
 	entries []byte // the entries' JSON objects, comma-separated
 	count   int    // how many
+	// body, when not nil, is the reply written so far: its head, then entries (at its end),
+	// with room for the rest, so that the reply is not copied once more to be sent.
+	body []byte
 }
 
 // OpenNext is where the next open request continues.
@@ -92,7 +95,17 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	used := int64(len(metaJSON)) + 256
 	last := after
 	first := sort.Search(len(msgs), func(i int) bool { return msgs[i].Ordinal > after })
-	buf := make([]byte, 0, replySize(msgs[first:], budget))
+	size := replySize(msgs[first:], budget)
+	var buf []byte
+	head, err := json.Marshal(rep.head())
+	if err == nil {
+		buf = make([]byte, 0, int64(len(head))+size+64)
+		buf = append(buf, head[:len(head)-1]...) // without its closing brace
+		buf = append(buf, `,"entries":[`...)
+	} else {
+		buf = make([]byte, 0, size) // replyJSON reports the error
+	}
+	start := len(buf)
 	for _, m := range msgs[first:] {
 		if m.Kind == mirror.KindHeader {
 			continue
@@ -132,7 +145,10 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 		rep.count++
 		last = m.Ordinal
 	}
-	rep.entries = buf
+	rep.entries = buf[start:]
+	if start > 0 {
+		rep.body = buf
+	}
 	return rep, nil
 }
 

@@ -126,17 +126,24 @@ type openReplyHead struct {
 	LastSeq    uint64  `json:"lastSeq"`
 }
 
+func (r OpenReply) head() openReplyHead {
+	return openReplyHead{r.OK, r.Meta, r.Head, r.Generation, r.LastSeq}
+}
+
 // replyJSON is the reply's body: the fields of OpenReply in its order, the entries as
 // encoded by Open.
 func (r OpenReply) replyJSON() ([]byte, error) {
-	head, err := json.Marshal(openReplyHead{r.OK, r.Meta, r.Head, r.Generation, r.LastSeq})
-	if err != nil {
-		return nil, err
+	out := r.body
+	if out == nil {
+		head, err := json.Marshal(r.head())
+		if err != nil {
+			return nil, err
+		}
+		out = make([]byte, 0, len(head)+len(r.entries)+64)
+		out = append(out, head[:len(head)-1]...) // without its closing brace
+		out = append(out, `,"entries":[`...)
+		out = append(out, r.entries...)
 	}
-	out := make([]byte, 0, len(head)+len(r.entries)+64)
-	out = append(out, head[:len(head)-1]...) // without its closing brace
-	out = append(out, `,"entries":[`...)
-	out = append(out, r.entries...)
 	out = append(out, ']')
 	if r.Next != nil {
 		out = append(out, `,"next":{"after":`...)

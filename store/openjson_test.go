@@ -79,6 +79,12 @@ func TestOpenReplyJSON(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("got  %s\nwant %s", got, want)
 		}
+		// As Open writes it: the head first, the entries behind it in the same buffer.
+		head, _ := json.Marshal(r.head())
+		r.body = append(append(head[:len(head)-1:len(head)-1], `,"entries":[`...), buf...)
+		if got, _ := r.replyJSON(); !bytes.Equal(got, want) {
+			t.Errorf("written in one buffer: got  %s\nwant %s", got, want)
+		}
 	}
 }
 
