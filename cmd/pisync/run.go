@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/pages"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/publisher"
@@ -156,6 +157,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		if d.embedded, err = f.conn.startEmbedded(log); err != nil {
 			return nil, err
 		}
+		collectEmbeddedMore()
 	}
 	nm := natsconn.NewMetrics(d.reg)
 	if d.nc, err = f.conn.connect(ctx, "pisync run "+f.host, 0, log, nm,
@@ -220,7 +222,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	d.memCancel, d.memDone = mcancel, make(chan struct{})
 	go func() {
 		defer close(d.memDone)
-		releaseMemory(mctx, log)
+		releaseMemory(mctx, log, func() error { return started.store.ReleasePages(pages.Unmap) })
 	}()
 	d.up.Store(true)
 	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redact.URL(f.conn.url())),
