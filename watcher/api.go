@@ -38,7 +38,7 @@ type File struct {
 	Rel    string // path relative to Root, slash-separated
 	Path   string // absolute path
 	ID     FileID
-	Header []byte // the first complete line (without its "\n"); a copy, safe to keep; nil when it is longer than Options.MaxInlineBytes
+	Header []byte // in Open only: the first complete line (without its "\n"); a copy, safe to keep; nil when it is longer than Options.MaxInlineBytes
 	Size   int64  // size at the time of the call
 	MTime  int64  // modification time at the time of the call (Unix nanoseconds)
 }

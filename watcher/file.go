@@ -47,7 +47,7 @@ type fileState struct {
 	unsettled   bool       // the sink was told Settled(false) since its last Open
 	skip        bool
 	skipSize    int64
-	header      []byte
+	header      headerSum // of the header line the sink opened
 	t           tail
 	tornOff     int64
 	tornN       int64
@@ -143,7 +143,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 	size := fi.Size()
-	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Header: s.header, Size: size, MTime: fi.ModTime().UnixNano()}
+	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Size: size, MTime: fi.ModTime().UnixNano()}
 
 	if (reopen || size < s.file.Size) && s.current && !s.skip {
 		// Asked to, or smaller than at the last run: bytes the sink was told of (its Open
@@ -192,9 +192,10 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			w.succeed(s, fi)
 			return
 		}
-		file.Header = hdr
 		s.file = file
+		file.Header = hdr // for Open only: the file's state keeps a digest (sameContent)
 		st, err := w.sink.Open(ctx, file, why)
+		file.Header = nil
 		if err != nil {
 			if ctx.Err() == nil {
 				w.fail(s, reasonSinkOpen, "open", err, true)
@@ -225,7 +226,7 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			s.unsettled = false
 		}
 		s.pendingWhy = Discovered
-		s.header, s.skip, s.skipSize = hdr, st.Skip, size
+		s.header, s.skip, s.skipSize = lr.sumHeader(hdr), st.Skip, size
 		s.t = t
 		if st.Skip {
 			w.setState(s, stateSkipped)

@@ -145,6 +145,34 @@ func checkStart(r io.ReaderAt, st Start, size int64) error {
 // headerCheckBytes bounds how much of the header is compared on each run.
 const headerCheckBytes = 4096
 
+// headerSum is the digest of the header line a file was opened with, which every run
+// compares with the file (sameContent). Every file, idle or not, holds one: a hash
+// rather than a copy of the line, as for the last line delivered (lineSum).
+type headerSum struct {
+	want int64  // the header's length with its '\n'; 0 when not known (longer than MaxInlineBytes)
+	sum  uint64 // maphash of its first headerCheckLen(want) bytes
+}
+
+// headerCheckLen is how much of a header of want bytes (its '\n' included) is compared.
+func (lr *lineReader) headerCheckLen(want int64) int {
+	return int(min(want, int64(min(len(lr.buf), headerCheckBytes))))
+}
+
+// sumHeader is the headerSum of hdr (without its '\n'; nil: not known).
+func (lr *lineReader) sumHeader(hdr []byte) headerSum {
+	if hdr == nil {
+		return headerSum{}
+	}
+	want := int64(len(hdr)) + 1
+	n := lr.headerCheckLen(want)
+	lr.h.Reset()
+	lr.h.Write(hdr[:min(n, len(hdr))])
+	if n == int(want) {
+		lr.h.WriteByte('\n')
+	}
+	return headerSum{want: want, sum: lr.h.Sum64()}
+}
+
 // sameContent reports whether what was delivered from s is still in the file: not
 // shorter, the same header, and the same last delivered line where it was.
 func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size int64) bool {
@@ -155,23 +183,20 @@ func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size 
 	if size < ref {
 		return false
 	}
-	buf := lr.buf[:min(len(lr.buf), headerCheckBytes)]
-	if s.header != nil {
-		want := len(s.header) + 1
-		n := min(want, len(buf))
-		if size < int64(want) {
+	if want := s.header.want; want > 0 {
+		if size < want {
 			return false
 		}
-		got, err := r.ReadAt(buf[:n], 0)
+		n := lr.headerCheckLen(want)
+		buf := lr.buf[:n]
+		got, err := r.ReadAt(buf, 0)
 		w.addRead(int64(got))
 		if err != nil && got < n {
 			return false
 		}
-		if n == want {
-			if !bytes.Equal(buf[:n-1], s.header) || buf[n-1] != '\n' {
-				return false
-			}
-		} else if !bytes.Equal(buf[:n], s.header[:n]) {
+		lr.h.Reset()
+		lr.h.Write(buf)
+		if lr.h.Sum64() != s.header.sum {
 			return false
 		}
 	}
