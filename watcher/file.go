@@ -11,7 +11,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// fileState is everything the watcher knows about one session file.
+// fileState is everything the watcher knows about one session file. There is one per
+// file, idle or not: its booleans sit together, so that no padding takes it over a size
+// class of the allocator (TestFileStateSize).
 type fileState struct {
 	// Guarded by Watcher.mu.
 	path, rel   string
@@ -23,29 +25,30 @@ type fileState struct {
 	vanished    bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
 	reopen      bool // Reopen asked for it: the next run opens it again as Truncated
 	settleDue   bool // SettleDelay passed since the last change: the next run checks every delivered byte
-	settleAt    time.Time
 	goneDue     bool // MoveGrace is over: the next run reports Gone
 	moved       bool // re-keyed to a new path: the next run reports Moved
 	idKnown     bool
+	inByID      bool // Watcher.byID[id] == this
+	needRun     bool // the last run failed: a rescan looks again even if nothing changed
+	initPending bool // part of the initial scan, not run yet
+	settleAt    time.Time
 	id          FileID
-	inByID      bool   // Watcher.byID[id] == this
 	aliasOf     FileID // a second name of this tailed inode, waiting (Watcher.aliases)
 	seenGen     uint64
 	snap        statSnap // what the last complete run saw, for stat-only rescans
-	needRun     bool     // the last run failed: a rescan looks again even if nothing changed
-	initPending bool     // part of the initial scan, not run yet
 	mstate      string
 	retryAt     time.Time
 	goneAt      time.Time
 
 	// Owned by the worker running the file (one at a time, handed over under Watcher.mu).
-	announced   bool       // the sink had an Open and no Gone yet
-	current     bool       // the sink has opened the present content
-	pendingWhy  OpenReason // reason of the next Open when !current
-	movePending bool       // a Moved not yet accepted by the sink
-	resumedGrew bool       // the last run found lines (or a torn tail) past a Start (see run)
-	unsettled   bool       // the sink was told Settled(false) since its last Open
+	announced   bool // the sink had an Open and no Gone yet
+	current     bool // the sink has opened the present content
+	movePending bool // a Moved not yet accepted by the sink
+	resumedGrew bool // the last run found lines (or a torn tail) past a Start (see run)
+	unsettled   bool // the sink was told Settled(false) since its last Open
 	skip        bool
+	agains      uint8      // consecutive runs cut short by a race (see again), at most maxAgains+1
+	pendingWhy  OpenReason // reason of the next Open when !current
 	skipSize    int64
 	header      headerSum // of the header line the sink opened
 	t           tail
@@ -54,7 +57,6 @@ type fileState struct {
 	file        File // as last given to the sink
 	errKey      string
 	backoff     time.Duration
-	agains      int // consecutive runs cut short by a race (see again)
 }
 
 // statSnap is what a stat-only rescan compares with.
