@@ -1,5 +1,5 @@
-// Package pages hands file pages a process holds mapped back to the kernel, and measures
-// them. A daemon's resident memory counts every page of a file it has mapped and touched
+// Package pages drops from a process's memory the file pages it holds mapped, and
+// measures them. A daemon's resident memory counts every page of a file it has mapped and touched
 // (its own code, a bbolt database) although they are clean copies of the files: after a
 // burst of work they are most of what it holds beyond its heap.
 package pages
@@ -24,33 +24,53 @@ func Unmap(addr, n uintptr) error {
 	return nil
 }
 
-// ReleaseProgram asks the kernel to reclaim the resident pages of the program's code
-// and read-only data (MADV_PAGEOUT, Linux 5.4 and later; on older kernels it does
-// nothing). They are clean copies of the executable: what runs again is read back on
-// its first use. Writable mappings are left alone.
+// ReleaseProgram drops the resident pages of the program's code and read-only data from
+// this process's memory (MADV_DONTNEED); they stay in the page cache, and what runs again
+// is mapped back on its first use. Only mappings of the executable without write
+// permission and without a page of their own (Anonymous: 0 in smaps) qualify: their
+// pages are clean copies of the file. A page the process changed (relocations of a
+// dynamically linked build, a debugger's breakpoint) would be lost, so a mapping holding
+// one is left alone. (MADV_PAGEOUT would be safe there too, but the kernel applies it to
+// a file only for a process that could write the file, which a daemon installed by root
+// cannot.)
 func ReleaseProgram() error {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
 		return fmt.Errorf("find the executable: %w", err)
 	}
-	maps, err := os.ReadFile("/proc/self/maps")
+	smaps, err := os.ReadFile("/proc/self/smaps")
 	if err != nil {
 		return fmt.Errorf("read the mappings: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(maps))
+	var start, end uintptr
+	var ok bool
+	sc := bufio.NewScanner(bytes.NewReader(smaps))
 	for sc.Scan() {
-		start, end, ok := programMapping(sc.Bytes(), exe)
-		if !ok {
+		line := sc.Bytes()
+		if isMappingLine(line) {
+			start, end, ok = programMapping(line, exe)
 			continue
 		}
-		if _, _, e := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_PAGEOUT); e != 0 {
-			if e == unix.EINVAL {
-				return nil // a kernel without MADV_PAGEOUT
-			}
+		f := bytes.Fields(line)
+		if !ok || len(f) < 2 || string(f[0]) != "Anonymous:" {
+			continue
+		}
+		ok = false
+		if string(f[1]) != "0" {
+			continue // pages of its own: not copies of the file
+		}
+		if _, _, e := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_DONTNEED); e != 0 {
 			return fmt.Errorf("madvise %x-%x: %w", start, end, e)
 		}
 	}
 	return sc.Err()
+}
+
+// isMappingLine reports whether a line of /proc/self/smaps starts a mapping ("start-end
+// perms offset dev inode [path]") rather than giving one of its fields ("Name: value").
+func isMappingLine(line []byte) bool {
+	f := bytes.Fields(line)
+	return len(f) >= 5 && bytes.IndexByte(f[0], '-') > 0 && !bytes.HasSuffix(f[0], []byte(":"))
 }
 
 // programMapping parses one line of /proc/self/maps ("start-end perms offset dev inode
@@ -85,8 +105,8 @@ func Resident(path string) (int64, error) {
 	for sc.Scan() {
 		f := bytes.Fields(sc.Bytes())
 		switch {
-		case len(f) >= 5 && bytes.IndexByte(f[0], '-') > 0 && !bytes.HasSuffix(f[0], []byte(":")):
-			in = len(f) == 6 && string(f[5]) == path // a mapping's first line
+		case isMappingLine(sc.Bytes()):
+			in = len(f) == 6 && string(f[5]) == path
 		case in && len(f) == 3 && string(f[0]) == "Rss:":
 			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
 			if err != nil {
