@@ -25,8 +25,9 @@ import (
 // (debug.FreeOSMemory). Space left in spans that objects of the burst still occupy (a
 // fifth of the heap after a back-fill) is not free memory a release can return: the next
 // release waits until the heap has grown past what the last one left. That costs a few collections per burst (milliseconds); memory
-// limits (GOMEMLIMIT) still apply, and GOGC is left alone: a lower one would make every
-// collection of a busy daemon more frequent, and a default memory limit would make the
+// limits (GOMEMLIMIT) still apply, and GOGC is left alone against an external server: a
+// lower one would make every collection of a busy daemon more frequent (with the embedded
+// server it is lowered, see collectEmbeddedMore); a default memory limit would make the
 // collector run without end on a host with more files than the limit was chosen for.
 //
 // With the embedded nats-server much of a burst's memory is the server's: each stream's
