@@ -163,7 +163,7 @@ func (p *Publisher) classify(st *fileState, it *item, data []byte, f watcher.Fil
 	if data == nil {
 		// Too large to hold in memory: the envelope comes from the line's first bytes,
 		// where Pi writes it, ahead of the payload.
-		prefix, err := readSection(l.Src, l.Offset, min(l.Len, 64<<10))
+		prefix, err := readSection(l.Src, l.Offset, min(l.Len, session.LinePrefixKeep))
 		if err == nil {
 			if env, ok := session.ScanEnvelopePrefix(prefix); ok {
 				it.kind, it.env, it.entry = mirror.KindEntry, env, true

@@ -157,10 +157,6 @@ func repeatedBlob(l Line) bool {
 	return l.Ordinal != 0 && l.HasEnv && l.Env.ID == "" && l.Env.Type != "" && l.Format != "" && l.Format != string(session.FormatV1)
 }
 
-// envelopePrefix is how much of a line too large to read whole the publisher scans for
-// its envelope (publisher classify).
-const envelopePrefix = 64 << 10
-
 // scanRepeatedBlob reads the envelope of a repeated blob entry as the publisher did: from
 // the whole line when it reads such a line whole, else from its first bytes. Only the
 // envelope is kept: the line is streamed at write time, through its digest.
@@ -180,7 +176,7 @@ func scanRepeatedBlob(ctx context.Context, m Mirror, l *Line) error {
 		if err != nil {
 			return err
 		}
-		prefix, err := io.ReadAll(io.LimitReader(rc, envelopePrefix))
+		prefix, err := io.ReadAll(io.LimitReader(rc, session.LinePrefixKeep))
 		rc.Close()
 		if err != nil {
 			return fmt.Errorf("blob %s: %w", l.SHA256, err)

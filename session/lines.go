@@ -10,7 +10,9 @@ import (
 )
 
 // LinePrefixKeep is how much of each line ReadLines keeps to describe it: enough to read
-// the envelope of all but the largest lines.
+// the envelope of all but the largest lines. It is also how much of a line too large to
+// read whole the publisher scans for its envelope (ScanEnvelopePrefix), and so how much
+// recovery reads of such a line to find the envelope the publisher found.
 const LinePrefixKeep = 64 << 10
 
 // MaxBufferedLine is the longest line pisync reads whole into memory: the publisher

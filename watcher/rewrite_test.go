@@ -402,21 +402,7 @@ func TestRewriteWhileAwayIsRechecked(t *testing.T) {
 	now := session("awayaway", 7)
 	now[2] = strings.Replace(now[2], "away0002", "AWAY0002", 1)
 	writeFile(t, p, joinLines(now...))
-	sink := newRecSink()
-	sink.open = func(f File, why OpenReason) (Start, error) {
-		if why == Discovered {
-			return Start{Offset: resumeAt, Ordinal: 5}, nil // the checkpoint of the old content
-		}
-		return Start{}, nil
-	}
-	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = 50 * time.Millisecond })
-	h.ready(t)
-	waitFor(t, "the whole file after a Rechecked open", func() bool {
-		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(now, "\n")
-	})
-	if r := sink.reasons(p); r[len(r)-1] != Rechecked {
-		t.Fatalf("opens %v", r)
-	}
+	resumedIsRechecked(t, root, p, Start{Offset: resumeAt, Ordinal: 5}, now)
 }
 
 // TestShrinkAfterOpenIsTruncated: torture T11 (seed 724214427034). A file replaced by
@@ -551,10 +537,17 @@ func TestRewriteWhileAwayThenTornIsRechecked(t *testing.T) {
 	now := slices.Clone(old)
 	now[2] = strings.Replace(now[2], "away0002", "AWAY0002", 1)
 	writeFile(t, p, joinLines(now...)+`{"type":"message","id":"torn`)
+	resumedIsRechecked(t, root, p, Start{Offset: resumeAt, Ordinal: int64(len(old))}, now)
+}
+
+// resumedIsRechecked watches root with a sink that resumes p from cp (the checkpoint of
+// its old content) and wants p opened again as Rechecked and delivered whole as now.
+func resumedIsRechecked(t *testing.T, root, p string, cp Start, now []string) {
+	t.Helper()
 	sink := newRecSink()
 	sink.open = func(f File, why OpenReason) (Start, error) {
 		if why == Discovered {
-			return Start{Offset: resumeAt, Ordinal: int64(len(old))}, nil // the checkpoint of the old content
+			return cp, nil
 		}
 		return Start{}, nil
 	}
