@@ -1,11 +1,13 @@
 package publisher
 
 import (
+	"context"
 	"sync"
 
 	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -59,4 +61,43 @@ func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
 		p.opts.Checkpoints.Delete(rec.Key())
 	}
 	return rec.ConvKey, true
+}
+
+// movedClashKey returns the clash key of conversation id (other than derived, the key
+// derived from f's path) whose head names f, for a file opened without a checkpoint. A
+// clash key is derived from the path the file had when it got it; the file keeps it
+// when it moves, and its head follows it. After the state directory is lost the key
+// derived from the new path is not that key: the moved file took the plain id when
+// found before the file that owns it, started a new generation over that file's
+// conversation, and the owner then took a new clash key (torture T15). The candidates
+// are the id's clash keys with messages in the owner's view (the one request
+// mirroredWithoutHead also makes), one head read each: only ids with clash keys pay.
+func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, derived string) (string, bool) {
+	for _, k := range p.view.clashKeysOf(ctx, p, id) {
+		if k == derived {
+			continue
+		}
+		conv, err := mirror.NewConv(p.opts.Owner, k)
+		if err != nil {
+			continue
+		}
+		if h, _, err := p.reader.Head(ctx, conv); err == nil && p.headNames(h, f) {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// clashKeyID is the conversation id of clash key k (see clashKey), if k is one.
+func clashKeyID(k string) (string, bool) {
+	i := len(k) - 9
+	if i <= 0 || k[i] != '~' {
+		return "", false
+	}
+	for _, c := range k[i+1:] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return "", false
+		}
+	}
+	return k[:i], true
 }

@@ -320,13 +320,21 @@ func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key st
 		return "", false
 	}
 	h, _, err := p.reader.Head(ctx, conv)
-	if errors.Is(err, mirror.ErrNotFound) {
-		return alt, p.mirroredWithoutHead(ctx, conv, f)
+	switch {
+	case errors.Is(err, mirror.ErrNotFound):
+		if p.mirroredWithoutHead(ctx, conv, f) {
+			return alt, true
+		}
+	case err == nil && p.headNames(h, f):
+		return alt, true
 	}
-	if err != nil || h.Host != p.opts.Host || h.Root != f.Root || h.Source != f.Rel {
-		return "", false
-	}
-	return alt, true
+	// The file may have moved since it got its clash key (torture T15).
+	return p.movedClashKey(ctx, f, key, alt)
+}
+
+// headNames tells whether h places its conversation at f: this host, f's root and path.
+func (p *Publisher) headNames(h mirror.Head, f watcher.File) bool {
+	return h.Host == p.opts.Host && h.Root == f.Root && h.Source == f.Rel
 }
 
 // mirroredWithoutHead tells whether conversation c, which has no head, holds lines this

@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ type startView struct {
 	ok     bool
 	counts map[string]uint64
 	last   uint64
+	byID   map[string][]string // conversation id → its clash keys in counts, built when first asked
 }
 
 // get returns the view, asking the mirror when there is none younger than
@@ -45,12 +47,35 @@ func (v *startView) get(ctx context.Context, p *Publisher) (map[string]uint64, u
 	if ctx.Err() != nil {
 		return nil, 0, false // our caller gives up: nothing learnt about the mirror
 	}
-	v.at, v.ok, v.counts, v.last = time.Now(), err == nil, counts, last
+	v.at, v.ok, v.counts, v.last, v.byID = time.Now(), err == nil, counts, last, nil
 	if err != nil {
 		p.log.Warn("cannot list the mirror's conversations in one request; asking per file", zap.Error(err))
 	}
 	p.m.resumeQuery.WithLabelValues("stream").Inc()
 	return v.counts, v.last, v.ok
+}
+
+// clashKeysOf returns the clash keys of conversation id that the view holds messages
+// under, in order. The index is built once per answer of the mirror: a start that opens
+// thousands of files without a checkpoint looks each id up, not every key.
+func (v *startView) clashKeysOf(ctx context.Context, p *Publisher, id string) []string {
+	if _, _, ok := v.get(ctx, p); !ok {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.byID == nil {
+		v.byID = map[string][]string{}
+		for k := range v.counts {
+			if id, ok := clashKeyID(k); ok {
+				v.byID[id] = append(v.byID[id], k)
+			}
+		}
+		for _, keys := range v.byID {
+			sort.Strings(keys)
+		}
+	}
+	return v.byID[id]
 }
 
 // provenByCheckpoint reports whether the checkpoint alone proves that every line of the
