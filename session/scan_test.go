@@ -12,6 +12,10 @@ func TestScanEntry(t *testing.T) {
 		line string
 		want Envelope
 	}{
+		// A quote's borrow flags a '#' above it, a backslash's a ']' (specialMask): the
+		// string scan must use only the lowest flag of a word.
+		{"borrow neighbours", `{"id":"0123456789\"#########\\]]]]]]]]]]]\n","type":"a","timestamp":"\"#\"#\"#\"#"}`,
+			Envelope{Type: "a", ID: `0123456789"#########\]]]]]]]]]]]` + "\n", Timestamp: `"#"#"#"#`}},
 		// Every entry type of DESIGN §1.
 		{"message user", `{"type":"message","id":"a1b2c3d4","parentId":null,"timestamp":"2026-01-05T10:00:00.000Z","message":{"role":"user","content":"hi"}}`,
 			Envelope{Type: "message", ID: "a1b2c3d4", Timestamp: "2026-01-05T10:00:00.000Z"}},
