@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,7 +65,8 @@ type Line struct {
 // generation and blob size are cut out of one string (the message id follows the
 // subject's owner and conversation tokens in it), the message and the backing array of
 // every header value are one object, and the header map the last (a map entry's
-// []string of its own would be a dozen allocations per line).
+// []string of its own would be a dozen allocations per line) unless RecycleHeader handed
+// one back.
 func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	var buf [256]byte
 	b := append(buf[:0], n.lower...)
@@ -84,7 +86,10 @@ func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	gen := s[subjEnd+1 : subjEnd+1+strings.IndexByte(s[subjEnd+1:], '.')]
 
 	m := &msgWithValues{}
-	h := make(nats.Header, 12)
+	h, _ := headerMaps.Get().(nats.Header)
+	if h == nil {
+		h = make(nats.Header, 12)
+	}
 	k := 0
 	set := func(key, v string) {
 		m.vals[k] = v
@@ -111,6 +116,24 @@ func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	}
 	m.msg = nats.Msg{Subject: s[:subjEnd], Header: h, Data: body}
 	return &m.msg
+}
+
+// headerMaps holds the header maps RecycleHeader got back, empty. A map of a dozen
+// headers is four allocations and half of NewMsg's time (bench/RESULTS.md, issue 15).
+var headerMaps sync.Pool
+
+// RecycleHeader takes back the header map of m, a message NewMsg built, for another
+// message; m is left without headers. The caller must be sure nothing reads m's headers
+// again: it published m once and holds the server's acknowledgement of that publish
+// (nats.go keeps a message only until then, for its own retries), and it drops m.
+func RecycleHeader(m *nats.Msg) {
+	h := m.Header
+	m.Header = nil
+	if h == nil {
+		return
+	}
+	clear(h)
+	headerMaps.Put(h)
 }
 
 // msgWithValues is a message and the values of its headers, allocated together.

@@ -135,7 +135,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		body = append([]byte(nil), data...) // the watcher's buffer is valid only during the call
 	}
 	it.kind = ml.Kind
-	it.msg = p.opts.Names.NewMsg(conv, ml, body)
+	it.msg, it.recycle = p.opts.Names.NewMsg(conv, ml, body), true
 	it.weight = int64(len(body)) + 512
 	if err := p.acquire(ctx, it.weight); err != nil {
 		return err
@@ -266,6 +266,9 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 		st.mu.Unlock()
 		return nil
 	}
+	if it.sent {
+		it.recycle = false // a second publish: the first may still be nats.go's to retry
+	}
 	msg := fence(st, it, !p.opts.Unfenced)
 	it.sent = true // from now on msg is nats.go's to read: a resend fenced otherwise copies it
 	st.mu.Unlock()
@@ -349,6 +352,11 @@ func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
 			return
 		}
 		st.mu.Lock()
+	}
+	if it.recycle {
+		// The acknowledgement of the message's only publish: nats.go is done with it.
+		mirror.RecycleHeader(it.msg)
+		it.recycle = false
 	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
 	st.retry = nil // publishing works again: the next failure starts a fresh backoff

@@ -93,7 +93,7 @@ func fence(st *fileState, it *item, on bool) *nats.Msg {
 	if want != "" {
 		h.Set(key, want)
 	}
-	it.msg = &nats.Msg{Subject: it.msg.Subject, Header: h, Data: it.msg.Data}
+	it.msg, it.recycle = &nats.Msg{Subject: it.msg.Subject, Header: h, Data: it.msg.Data}, false
 	return it.msg
 }
 

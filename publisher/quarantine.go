@@ -128,7 +128,7 @@ func (p *Publisher) refused(ctx context.Context, st *fileState, it *item, cause 
 	}
 	l.Kind, l.BlobSize = mirror.KindBlob, it.length
 	st.mu.Lock()
-	it.msg = p.opts.Names.NewMsg(st.conv, l, nil)
+	it.msg, it.recycle = p.opts.Names.NewMsg(st.conv, l, nil), false
 	it.kind, it.inFlight = mirror.KindBlob, false
 	st.mu.Unlock()
 	p.log.Info("line refused whole by the server; sent as a blob", zap.String("path", st.file.Path),

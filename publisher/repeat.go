@@ -55,7 +55,7 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 		l.Kind, l.EntryType, l.ParentID = mirror.KindRaw, "", ""
 	}
 	st.mu.Lock()
-	it.msg = p.opts.Names.NewMsg(st.conv, l, it.msg.Data)
+	it.msg, it.recycle = p.opts.Names.NewMsg(st.conv, l, it.msg.Data), false
 	// it.entry stays: Pi moves its leaf to a repeated id as to any entry, and so do the
 	// head and recovery (which applies the leaf rule to a raw line that is an entry with
 	// a valid id: only a repeat is mirrored so).

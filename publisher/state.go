@@ -87,6 +87,9 @@ type item struct {
 	slot     bool // holds one of the window's message slots until resolved
 	waiting  bool // a live line queued behind an unresolved one: sent when it resolves
 	sent     bool // msg was handed to nats.go: never changed again (fence)
+	// recycle: msg is the one Line built, handed to nats.go at most once; its header map
+	// goes back to mirror.RecycleHeader when that publish is acknowledged.
+	recycle bool
 }
 
 // frontier is the acknowledged position in a file: the numbers of a checkpoint.Record,
