@@ -39,7 +39,7 @@ func TestSmoke(t *testing.T) {
 		if r.idleRSS <= 0 || r.peakRSS <= 0 {
 			t.Fatalf("%+v", r)
 		}
-		if r := runIdle(t, 20, 2, time.Second, 2, false, "--verify-interval", "500ms", "--verify-rate", "1000"); r.idleRSS <= 0 {
+		if r := runIdle(t, 20, 2, time.Second, 2, false, "--verify-interval", "500ms", "--verify-rate", "1000", "--verify-first-rate", "1000"); r.idleRSS <= 0 {
 			t.Fatalf("verified: %+v", r)
 		}
 		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/mirror"
@@ -42,15 +41,26 @@ const defaultRecheck = 24 * time.Hour
 // With StateFile set the verdicts outlive the process: a restarted daemon (a reboot, an
 // upgrade of the fleet) reads again only the files that changed while it was down, instead
 // of every file of the host one interval after every start.
+//
+// A file without a verdict (never verified: the first start of a host or of a version that
+// keeps verdicts, a lost state directory, a new session) is read at most FirstRate a second
+// instead, and at most an interval's worth of them a pass: the verdicts a fleet upgraded at
+// once lacks are then gathered at a bounded rate per host, not by every host reading every
+// file in the same minute.
 type Background struct {
 	Mirror   BackgroundMirror
 	List     func() []Target // the files to verify, read at the start of each pass
 	Interval time.Duration
 	Rate     float64       // files per second
 	Recheck  time.Duration // 0: a day
+	// FirstRate is how many files without a verdict are read a second at most (0: Rate):
+	// at most FirstRate·Interval of them a pass, spread over it, the others wait for the
+	// passes that follow, which then start one interval after the one before did.
+	// Files that changed, came due again or drifted are read at Rate.
+	FirstRate float64
 	// StateFile, if set, is where the verdicts are kept between runs (in the daemon's
 	// state directory): read at the first pass, replaced at the end of each pass that
-	// changed them. A missing or unreadable file costs one read of every file.
+	// changed them. A missing or unreadable file costs one read of every file, at FirstRate.
 	StateFile string
 	Logger    *zap.Logger
 	Metrics   *VerifyMetrics
@@ -61,8 +71,11 @@ type Background struct {
 
 	now       func() time.Time // tests move time
 	known     map[string]verdict
-	dirty     bool // known changed since it was saved
-	saveError bool // the last save failed (logged once until one succeeds)
+	drifted   map[string]bool // found drifted by the last pass: read again at Rate, every pass
+	failed    map[string]bool // not read by the last pass for an error: after the files never tried
+	waiting   int             // files the last pass left without a verdict for lack of budget
+	dirty     bool            // known changed since it was saved
+	saveError bool            // the last save failed (logged once until one succeeds)
 }
 
 // verdict is what a file and its conversation were when the file was found identical.
@@ -79,7 +92,6 @@ func (b *Background) Run(ctx context.Context) {
 	if b.Interval <= 0 {
 		return
 	}
-	pace := time.Duration(float64(time.Second) / max(b.Rate, 0.01))
 	// The first pass waits one interval too: at start-up the daemon is busy back-filling,
 	// and an idle host should cost nothing until verification is due.
 	timer := time.NewTimer(b.Interval)
@@ -90,12 +102,24 @@ func (b *Background) Run(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		b.pass(ctx, pace)
-		timer.Reset(b.Interval)
+		started := time.Now()
+		next := b.Interval
+		if b.pass(ctx) > 0 {
+			// Files wait for their first read: the pass spent about an interval on its
+			// budget, and the next one goes on from where it stopped, so that the first
+			// reads keep to FirstRate instead of half of it.
+			next = max(b.Interval-time.Since(started), 0)
+		}
+		timer.Reset(next)
 	}
 }
 
-func (b *Background) pass(ctx context.Context, pace time.Duration) {
+// passCounts are what one pass found under one root.
+type passCounts struct{ identical, drifted, failed, unverified int }
+
+// pass verifies the listed files once and returns how many it left waiting for their
+// first read (FirstRate's budget spent).
+func (b *Background) pass(ctx context.Context) (waiting int) {
 	if b.now == nil {
 		b.now = time.Now
 	}
@@ -116,51 +140,114 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 		b.Logger.Debug("cannot count the mirror's messages; every file is read", zap.Error(err))
 		msgs = nil
 	}
-	type counts struct{ identical, drifted, failed int }
-	byRoot := map[string]*counts{}
+	byRoot := map[string]*passCounts{}
 	listed := map[string]bool{}
-	read := 0
 	targets := b.List()
 	if ctx.Err() != nil {
-		return // List gave up: an empty list must not drop the verdicts
+		return 0 // List gave up: an empty list must not drop the verdicts
 	}
 	defer b.save() // also when stopped halfway: what was read need not be read again
-	tick := time.NewTicker(pace)
-	defer tick.Stop()
+	drifted, failed := map[string]bool{}, map[string]bool{}
+	var again, first, retry []Target // read at Rate; at FirstRate; at FirstRate, after first
 	for _, t := range targets {
 		c := byRoot[t.Root]
 		if c == nil {
-			c = &counts{}
+			c = &passCounts{}
 			byRoot[t.Root] = c
 		}
 		listed[t.Path] = true
-		info, statErr := os.Stat(t.Path)
-		now := b.now()
-		if v, ok := b.known[t.Path]; ok && statErr == nil && msgs != nil && v.key == t.Key &&
-			v.size == info.Size() && v.mtime.Equal(info.ModTime()) && v.msgs == msgs[t.Key] && now.Sub(v.at) < due(recheck, t.Path) {
-			c.identical++
-			continue
+		v, ok := b.known[t.Path]
+		if ok && msgs != nil && v.key == t.Key && v.msgs == msgs[t.Key] && b.now().Sub(v.at) < due(recheck, t.Path) {
+			if info, err := os.Stat(t.Path); err == nil && v.size == info.Size() && v.mtime.Equal(info.ModTime()) {
+				c.identical++
+				continue
+			}
 		}
 		if msgs != nil {
 			b.forget(t.Path) // stale; without the counts, a failed request says nothing of it
 		}
-		read++
+		switch {
+		case ok || b.drifted[t.Path]:
+			again = append(again, t)
+		case b.failed[t.Path]:
+			retry = append(retry, t) // a file that cannot be read must not hold the others back
+		default:
+			first = append(first, t)
+		}
+	}
+	first = append(first, retry...)
+	budget := len(first)
+	firstRate := b.Rate
+	if b.FirstRate > 0 && b.FirstRate < b.Rate {
+		firstRate = b.FirstRate
+		budget = min(budget, max(1, int(b.FirstRate*b.Interval.Seconds())))
+	}
+	read := len(again) + budget
+	if !b.readAll(ctx, again, b.Rate, msgs, byRoot, drifted, failed) ||
+		!b.readAll(ctx, first[:budget], firstRate, msgs, byRoot, drifted, failed) {
+		return 0
+	}
+	for _, t := range first[budget:] {
+		byRoot[t.Root].unverified++
+		if b.failed[t.Path] {
+			failed[t.Path] = true // still behind the files never tried
+		}
+	}
+	b.drifted, b.failed = drifted, failed
+	if waiting = len(first) - budget; waiting > 0 && b.waiting == 0 {
+		b.Logger.Info("files never verified wait for their first read, at most verify-first-rate a second",
+			zap.Int("waiting", waiting), zap.Float64("per_second", firstRate),
+			zap.Duration("about", time.Duration(float64(waiting)/firstRate*float64(time.Second)).Round(time.Second)))
+	}
+	b.waiting = waiting
+	for path, v := range b.known {
+		// A file not listed now (gone, or not synced yet at the first pass after a
+		// start) keeps its verdict until it expires: the verdict still needs the same
+		// size, modification time and message count to be used.
+		if !listed[path] && b.now().Sub(v.at) >= due(recheck, path) {
+			b.forget(path)
+		}
+	}
+	b.Logger.Debug("verification pass", zap.Int("files", len(listed)), zap.Int("read", read), zap.Int("waiting", waiting))
+	if b.Metrics != nil {
+		b.Metrics.set(byRoot)
+	}
+	return waiting
+}
+
+// readAll verifies targets, rate a second at most, counting the results in byRoot and the
+// drifted and failed files in drifted and failed. It returns false if ctx ended first.
+func (b *Background) readAll(ctx context.Context, targets []Target, rate float64, msgs map[string]uint64,
+	byRoot map[string]*passCounts, drifted, failed map[string]bool) bool {
+	if len(targets) == 0 {
+		return true
+	}
+	tick := time.NewTicker(time.Duration(float64(time.Second) / max(rate, 0.01)))
+	defer tick.Stop()
+	for _, t := range targets {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-tick.C:
 		}
+		// Stat and time before the read: a line appended during it makes the recorded
+		// size smaller than the next pass sees, so the file is read again then.
+		info, statErr := os.Stat(t.Path)
+		now := b.now()
+		c := byRoot[t.Root]
 		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		d, err := Verify(vctx, b.Mirror, t.Path, mirror.Head{Key: t.Key})
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return
+			return false
 		case err != nil:
 			c.failed++
+			failed[t.Path] = true
 			b.Logger.Debug("background verification failed", zap.String("path", t.Path), zap.Error(err))
 		case d.Drifted():
 			b.forget(t.Path)
+			drifted[t.Path] = true
 			c.drifted++
 			b.Logger.Warn("local file and mirror differ", zap.String("path", t.Path), zap.Any("drift", d.Counts()))
 			if b.OnDrift != nil {
@@ -174,30 +261,7 @@ func (b *Background) pass(ctx context.Context, pace time.Duration) {
 			}
 		}
 	}
-	for path, v := range b.known {
-		// A file not listed now (gone, or not synced yet at the first pass after a
-		// start) keeps its verdict until it expires: the verdict still needs the same
-		// size, modification time and message count to be used.
-		if !listed[path] && b.now().Sub(v.at) >= due(recheck, path) {
-			b.forget(path)
-		}
-	}
-	b.Logger.Debug("verification pass", zap.Int("files", len(listed)), zap.Int("read", read))
-	if b.Metrics == nil {
-		return
-	}
-	for _, root := range b.Metrics.roots {
-		if byRoot[root] == nil {
-			byRoot[root] = &counts{}
-		}
-	}
-	for root, c := range byRoot {
-		b.Metrics.sessions.WithLabelValues(root, "identical").Set(float64(c.identical))
-		b.Metrics.sessions.WithLabelValues(root, "drifted").Set(float64(c.drifted))
-		b.Metrics.sessions.WithLabelValues(root, "failed").Set(float64(c.failed))
-	}
-	b.Metrics.passes.Inc()
-	b.Metrics.lastPass.SetToCurrentTime()
+	return true
 }
 
 // due is how long the verdict of the file at path holds: between three quarters of
@@ -236,51 +300,4 @@ func (b *Background) save() {
 		return
 	}
 	b.dirty, b.saveError = false, false
-}
-
-// VerifyMetrics describe background verification.
-type VerifyMetrics struct {
-	roots    []string
-	sessions *prometheus.GaugeVec
-	passes   prometheus.Counter
-	lastPass prometheus.Gauge
-}
-
-// NewVerifyMetrics declares the verification metrics.
-func NewVerifyMetrics() *VerifyMetrics {
-	return &VerifyMetrics{
-		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pisync_verified_sessions",
-			Help: "Sessions checked line by line against the mirror in the last verification pass, by root and result (identical, drifted, failed).",
-		}, []string{"root", "result"}),
-		passes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pisync_verify_passes_total",
-			Help: "Background verification passes completed.",
-		}),
-		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pisync_verify_last_pass_timestamp_seconds",
-			Help: "Unix time the last background verification pass completed.",
-		}),
-	}
-}
-
-// Init exports zeros for every root before the first pass, so that the series exist
-// (and alerts can be evaluated) from the start.
-func (m *VerifyMetrics) Init(roots []string) {
-	m.roots = roots
-	for _, root := range roots {
-		for _, result := range []string{"identical", "drifted", "failed"} {
-			m.sessions.WithLabelValues(root, result).Set(0)
-		}
-	}
-}
-
-// Register registers the metrics on r.
-func (m *VerifyMetrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.sessions, m.passes, m.lastPass} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }

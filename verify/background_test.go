@@ -43,7 +43,12 @@ type goldenFile struct {
 // and returns them as background verification's targets.
 func mirroredGolden(t *testing.T) (*mirrortest.Mirror, string, []goldenFile, []Target) {
 	t.Helper()
-	tm := mirrortest.New(t)
+	return mirroredGoldenOn(t, mirrortest.New(t))
+}
+
+// mirroredGoldenOn is mirroredGolden on the mirror tm.
+func mirroredGoldenOn(t *testing.T, tm *mirrortest.Mirror) (*mirrortest.Mirror, string, []goldenFile, []Target) {
+	t.Helper()
 	dir := t.TempDir()
 	var files []goldenFile
 	var targets []Target
@@ -86,7 +91,7 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	pass := func(wantScans int32, identical, drifted float64) {
 		t.Helper()
 		sc.scans.Store(0)
-		b.pass(ctx, time.Millisecond)
+		b.pass(ctx)
 		if got := sc.scans.Load(); got != wantScans {
 			t.Errorf("%d files read, want %d", got, wantScans)
 		}
@@ -180,7 +185,7 @@ func TestBackgroundVerdictsOutliveRestart(t *testing.T) {
 					StateFile: state, Logger: log, now: func() time.Time { return clock }}, sc
 			}
 			b, sc := start(nil)
-			b.pass(ctx, time.Millisecond)
+			b.pass(ctx)
 			if got := sc.scans.Load(); got != 3 {
 				t.Fatalf("first pass read %d files, want 3", got)
 			}
@@ -189,7 +194,7 @@ func TestBackgroundVerdictsOutliveRestart(t *testing.T) {
 			clock = clock.Add(tc.later)
 			core, logs := observer.New(zap.WarnLevel)
 			b, sc = start(zap.New(core))
-			b.pass(ctx, time.Millisecond)
+			b.pass(ctx)
 			if got := sc.scans.Load(); got != tc.wantReads {
 				t.Errorf("first pass after the restart read %d files, want %d", got, tc.wantReads)
 			}
@@ -197,7 +202,7 @@ func TestBackgroundVerdictsOutliveRestart(t *testing.T) {
 			// another restart it reads nothing but a drifted file, read on every pass.
 			unproven := 3 - int32(len(b.known))
 			b, sc = start(nil)
-			b.pass(ctx, time.Millisecond)
+			b.pass(ctx)
 			if got := sc.scans.Load(); got != unproven {
 				t.Errorf("first pass after a second restart read %d files, want the %d without a verdict", got, unproven)
 			}
@@ -234,7 +239,7 @@ func TestBackgroundSpreadsRecheck(t *testing.T) {
 	clock := start
 	b := &Background{Mirror: sc, List: func() []Target { return targets }, Rate: 1000, Recheck: 24 * time.Hour,
 		now: func() time.Time { return clock }}
-	b.pass(ctx, time.Millisecond)
+	b.pass(ctx)
 	if got := sc.scans.Load(); got != copies {
 		t.Fatalf("first pass read %d files, want %d", got, copies)
 	}
@@ -244,7 +249,7 @@ func TestBackgroundSpreadsRecheck(t *testing.T) {
 	for h := 1; h <= 24; h++ {
 		clock = start.Add(time.Duration(h) * time.Hour)
 		sc.scans.Store(0)
-		b.pass(ctx, time.Millisecond)
+		b.pass(ctx)
 		n := sc.scans.Load()
 		if h < 18 && n > 0 {
 			t.Errorf("after %d h: %d files read again, want none before three quarters of Recheck", h, n)
@@ -279,7 +284,7 @@ func TestBackgroundKeepsVerdictsOfUnlistedFiles(t *testing.T) {
 	pass := func(b *Background, sc *scanCounter, want int32, when string) {
 		t.Helper()
 		sc.scans.Store(0)
-		b.pass(ctx, time.Millisecond)
+		b.pass(ctx)
 		if got := sc.scans.Load(); got != want {
 			t.Errorf("%s: %d files read, want %d", when, got, want)
 		}

@@ -241,7 +241,7 @@ func TestHTTPStatusKnownWorkload(t *testing.T) {
 	}
 
 	d, base := startHTTPTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir(),
-		"--verify-interval", "1s", "--verify-rate", "1000")
+		"--verify-interval", "1s", "--verify-rate", "1000", "--verify-first-rate", "1000")
 	defer d.stop()
 	nc := natstest.Connect(t, srv.URL())
 	allMirrored(t, newReader(t, nc, "t1", "alice"), root, 30*time.Second)

@@ -47,6 +47,7 @@ type runFlags struct {
 	provision      string
 	verifyInterval time.Duration
 	verifyRate     float64
+	verifyFirst    float64
 	pprof          bool
 }
 
@@ -69,6 +70,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.provision, "provision", string(mirror.ProvisionCreate), "stream and buckets: create (what is missing), update (to these flags) or off (must exist)")
 	fs.DurationVar(&f.verifyInterval, "verify-interval", 10*time.Minute, "background verification of local files against the mirror, one pass per interval (0: off)")
 	fs.Float64Var(&f.verifyRate, "verify-rate", 20, "background verification: files per second at most")
+	fs.Float64Var(&f.verifyFirst, "verify-first-rate", 1, "background verification of files never verified (first start, state directory lost): files per second at most (0: --verify-rate)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 15*time.Second, "at shutdown, how long to wait for publishes in flight")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on --http-addr")
 }
@@ -279,6 +281,9 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 	}
 	bg := &verify.Background{
 		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
+		// A host without verdicts (an upgrade of the fleet, a lost state directory) gathers
+		// them at this rate, not at --verify-rate all at once: issue 15's restart storm.
+		FirstRate: d.f.verifyFirst,
 		// Kept across restarts: a restarted daemon reads only the files that changed.
 		StateFile: filepath.Join(d.f.conn.stateDir, "verified.json"),
 		Logger:    d.log.Named("verify"), Metrics: vm,

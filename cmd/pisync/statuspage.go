@@ -86,6 +86,8 @@ type verifiedCounts struct {
 	Identical int `json:"identical"`
 	Drifted   int `json:"drifted"`
 	Failed    int `json:"failed"`
+	// Unverified: never verified, waiting for their first read (--verify-first-rate).
+	Unverified int `json:"unverified"`
 }
 
 // verifyStatus is the background verification (the pisync_verif* metrics).
@@ -159,6 +161,7 @@ func (d *daemon) status() statusDoc {
 		t.Verified.Identical += rs.Verified.Identical
 		t.Verified.Drifted += rs.Verified.Drifted
 		t.Verified.Failed += rs.Verified.Failed
+		t.Verified.Unverified += rs.Verified.Unverified
 	}
 	t.percents()
 	doc.RecentErrors, doc.ErrorsTotal = recentLogOf(d.log).entries()
@@ -232,6 +235,8 @@ func (d *daemon) verification() (map[string]verifiedCounts, verifyStatus) {
 					c.Drifted = n
 				case "failed":
 					c.Failed = n
+				case "unverified":
+					c.Unverified = n
 				}
 				counts[root] = c
 			}

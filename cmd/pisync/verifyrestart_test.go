@@ -25,7 +25,7 @@ func TestRestartVerifiesOnlyChangedFiles(t *testing.T) {
 	root, state := t.TempDir(), t.TempDir()
 	sessions := writeSessions(t, rng, root, files, 4)
 	args := []string{"--nats", srv.URL(), "--root", root, "--state-dir", state,
-		"--verify-interval", "300ms", "--verify-rate", "1000"}
+		"--verify-interval", "300ms", "--verify-rate", "1000", "--verify-first-rate", "1000"}
 	allVerified := func(d *daemon) {
 		t.Helper()
 		waitFor(t, 60*time.Second, "a verification pass finding every file identical", func() (bool, string) {
