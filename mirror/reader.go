@@ -72,21 +72,33 @@ func (r *Reader) Counts(ctx context.Context) (map[string]uint64, error) {
 }
 
 // CountsAndLast is Counts and the stream's newest sequence, from the same request: what a
-// daemon asks once at start instead of one question per conversation.
+// daemon asks once at start instead of one question per conversation. The stream's leader
+// answers it (leader.go), so that counts taken right after a replica came back are not
+// that replica's.
 func (r *Reader) CountsAndLast(ctx context.Context) (map[string]uint64, uint64, error) {
 	filter := r.names.OwnerSubjects(r.owner)
-	info, err := r.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	subjects, last, err := r.leaderCounts(ctx, filter)
 	if err != nil {
 		return nil, 0, fmt.Errorf("count the messages of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
 	}
 	prefix := strings.TrimSuffix(filter, ">")
-	counts := make(map[string]uint64, len(info.State.Subjects))
-	for subject, n := range info.State.Subjects {
+	counts := make(map[string]uint64, len(subjects))
+	for subject, n := range subjects {
 		if key, err := DecodeToken(strings.TrimPrefix(subject, prefix)); err == nil {
 			counts[key] = n
 		}
 	}
-	return counts, info.State.LastSeq, nil
+	return counts, last, nil
+}
+
+// Count is how many messages conversation c holds, as the stream's leader counts them.
+func (r *Reader) Count(ctx context.Context, c Conv) (uint64, error) {
+	subject := r.names.Subject(c)
+	counts, _, err := r.leaderCounts(ctx, subject)
+	if err != nil {
+		return 0, fmt.Errorf("count the messages of %s: %w", c.Key, err)
+	}
+	return counts[subject], nil
 }
 
 // scanConsumerIdle is how long the server keeps a scan's consumer after its last use.
@@ -96,11 +108,23 @@ const scanConsumerIdle = 5 * time.Second
 type ScanOptions struct {
 	FromSeq     uint64 // first stream sequence to read (0 or 1: from the start)
 	HeadersOnly bool   // metadata only: what the resume protocol needs
+	// Below, when FromSeq > 1, is at most how many of the conversation's messages lie
+	// below FromSeq, as the caller knows them (a checkpoint: GenBase + Ordinal). With it
+	// Scan knows how many messages past FromSeq the stream's leader may hold and gives a
+	// replica that lags a moment (catchUpWait) to deliver them; without it a scan from
+	// FromSeq ends with what the replica serving it holds.
+	Below *uint64
 	// Expect, if set, is called once before the first message with the number of
 	// messages the scan will deliver at most (the consumer's pending count when it was
 	// created), so that the caller can size what it collects them in.
 	Expect func(n int)
 }
+
+// catchUpWait is how long a scan from a sequence waits for messages its leader counts
+// but the replica serving its consumer has not delivered: a replica that came back
+// catches up in moments, and the count it waits for may be a few messages too high
+// (lines stored out of order around the caller's sequence), which costs this wait.
+const catchUpWait = 2 * time.Second
 
 // scanBatch is the most messages one pull of Scan asks for: what Scan holds ahead of fn.
 const scanBatch = 512
@@ -109,21 +133,35 @@ const scanBatch = 512
 // up to the newest message at the time of the call. Messages that are not pisync lines are
 // skipped. It reads through an ordered consumer filtered on the conversation's subject.
 //
-// An empty conversation costs one direct get and no consumer. Otherwise the consumer's
-// creation counts the messages to read, so that a short conversation is read with one
-// pull of just its messages, and the consumer is deleted as soon as they are read: a
-// scan does not hold one of the stream's consumers (1,000 per stream by default) until
-// its pull requests and then its inactivity threshold expire.
+// The stream's leader first counts the conversation's messages (leader.go): an empty
+// conversation costs that one request and no consumer, and a whole-subject read does not
+// end before it has read that many, whichever replica serves its consumer (it fails when
+// the context ends first). The consumer's creation counts the messages to read, so that a
+// short conversation is read with one pull of just its messages, and the consumer is
+// deleted as soon as they are read: a scan does not hold one of the stream's consumers
+// (1,000 per stream by default) until its pull requests and then its inactivity threshold
+// expire.
 func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg) error) error {
-	last, err := r.LastSeq(ctx, c)
+	total, err := r.Count(ctx, c)
 	if err != nil {
 		return err
 	}
-	if last == 0 || last < max(opts.FromSeq, 1) {
+	if total == 0 {
 		return nil
 	}
+	want := scanWant{n: total, exact: true}
+	if opts.FromSeq > 1 {
+		switch {
+		case opts.Below == nil:
+			want = scanWant{}
+		case total <= *opts.Below:
+			return nil // nothing past FromSeq: the leader counts no more than lie below it
+		default:
+			want = scanWant{n: total - *opts.Below}
+		}
+	}
 	var fnErr error
-	err = r.scan(ctx, r.names.Subject(c), opts, last, func(_ string, m Msg) error {
+	err = r.scan(ctx, r.names.Subject(c), opts, want, func(_ string, m Msg) error {
 		fnErr = fn(m)
 		return fnErr
 	})
@@ -131,6 +169,14 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 		return fmt.Errorf("read %s: %w", c.Key, err)
 	}
 	return err
+}
+
+// scanWant is how many messages a scan must deliver before it ends: n exactly (a
+// whole-subject read, counted by the leader), at most n (waiting catchUpWait for them), or
+// (n 0) what the consumer's replica holds.
+type scanWant struct {
+	n     uint64
+	exact bool
 }
 
 // LineAt returns the metadata of the message at stream sequence seq of conversation c
@@ -164,7 +210,21 @@ func (r *Reader) ScanOwner(ctx context.Context, opts ScanOptions, fn func(key st
 	prefix := strings.TrimSuffix(r.names.OwnerSubjects(r.owner), ">")
 	keys := map[string]string{} // subject → decoded key: subjects repeat, line after line
 	var fnErr error
-	err := r.scan(ctx, r.names.OwnerSubjects(r.owner), opts, 0, func(subject string, m Msg) error {
+	want := scanWant{}
+	if opts.FromSeq <= 1 {
+		counts, _, err := r.leaderCounts(ctx, r.names.OwnerSubjects(r.owner))
+		if err != nil {
+			return fmt.Errorf("count the messages of %s/%s: %w", r.owner.Tenant, r.owner.Name, err)
+		}
+		for _, n := range counts {
+			want.n += n
+		}
+		if want.n == 0 {
+			return nil
+		}
+		want.exact = true
+	}
+	err := r.scan(ctx, r.names.OwnerSubjects(r.owner), opts, want, func(subject string, m Msg) error {
 		key, ok := keys[subject]
 		if !ok {
 			k, err := DecodeToken(strings.TrimPrefix(subject, prefix))
@@ -183,9 +243,9 @@ func (r *Reader) ScanOwner(ctx context.Context, opts ScanOptions, fn func(key st
 	return err
 }
 
-// scan reads the messages of filter through an ordered consumer, from opts.FromSeq on, up
-// to stream sequence last (0: until none is pending), calling fn with each pisync line.
-func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last uint64, fn func(subject string, m Msg) error) error {
+// scan reads the messages of filter through an ordered consumer, from opts.FromSeq on,
+// until it has delivered what want asks (see scanWant), calling fn with each pisync line.
+func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want scanWant, fn func(subject string, m Msg) error) error {
 	cons, err := r.js.OrderedConsumer(ctx, r.names.Stream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -201,24 +261,29 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last
 	defer r.deleteConsumer(cons)
 	left := uint64(scanBatch)
 	if info := cons.CachedInfo(); info != nil {
-		left = info.NumPending // from opts.FromSeq on, when the consumer was created
+		left = info.NumPending // from opts.FromSeq on, on the consumer's replica
 	}
-	if left == 0 {
+	if left == 0 && want.n == 0 {
 		return nil
 	}
 	if opts.Expect != nil {
-		opts.Expect(int(min(left, 1<<20)))
+		opts.Expect(int(min(max(left, want.n), 1<<20)))
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(left, scanBatch))))
+	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(max(left, want.n), scanBatch))))
 	if err != nil {
 		return err
 	}
 	defer it.Stop()
+	var read uint64
 	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
+		if want.n != 0 && read >= want.n {
+			return nil
+		}
+		m, err := r.next(ctx, it, want, read)
+		if err != nil || m == nil {
 			return err
 		}
+		read++
 		meta, err := m.Metadata()
 		if err != nil {
 			return fmt.Errorf("metadata: %w", err)
@@ -232,10 +297,29 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, last
 				return err
 			}
 		}
-		if meta.NumPending == 0 || (last != 0 && meta.Sequence.Stream >= last) {
+		if want.n == 0 && meta.NumPending == 0 {
 			return nil
 		}
 	}
+}
+
+// next returns the scan's next message; nil when a scan that waits at most catchUpWait
+// for the rest of its count has waited that long.
+func (r *Reader) next(ctx context.Context, it jetstream.MessagesContext, want scanWant, read uint64) (jetstream.Msg, error) {
+	if want.exact || want.n == 0 {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil && want.exact && ctx.Err() != nil {
+			return nil, fmt.Errorf("read %d of the %d messages the stream's leader holds: %w", read, want.n, err)
+		}
+		return m, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	m, err := it.Next(jetstream.NextContext(wctx))
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return nil, nil
+	}
+	return m, err
 }
 
 // deleteConsumer asks the server to delete a scan's consumer, without waiting for the

@@ -1,0 +1,175 @@
+package mirror_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/mirror"
+)
+
+// laggingCluster is an R3 mirror on a 3-node cluster whose reads can be answered by a
+// replica that is behind its leader: a follower is stopped while lines are stored and
+// started again just before the read.
+type laggingCluster struct {
+	t       *testing.T
+	cluster *natstest.Cluster
+	js      jetstream.JetStream
+	names   mirror.Names
+	owner   mirror.Owner
+	reader  *mirror.Reader
+}
+
+func newLaggingCluster(t *testing.T) *laggingCluster {
+	t.Helper()
+	c := natstest.RunCluster(t, 3)
+	js, err := jetstream.New(natstest.Connect(t, c.URLs()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := mirrortest.Ctx(t)
+	names := mirror.DefaultNames()
+	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := mirror.NewOwner("t1", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := mirror.NewReader(ctx, js, names, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &laggingCluster{t: t, cluster: c, js: js, names: names, owner: owner, reader: r}
+}
+
+// storeWhileFollowerDown stops a follower of the stream, stores a session of n entries
+// as conversation key (every line acknowledged by the leader and one other replica),
+// and starts the follower again: it rejoins behind the leader.
+func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64) mirrortest.Mirrored {
+	t := lc.t
+	t.Helper()
+	ctx := mirrortest.Ctx(t)
+	var follower *natstest.Server
+	deadline := time.Now().Add(30 * time.Second)
+	for follower == nil && time.Now().Before(deadline) {
+		if leader := lc.cluster.StreamLeader(lc.names.Stream()); leader != nil {
+			for _, node := range lc.cluster.Nodes {
+				if node != leader && node.Server != nil {
+					follower = node
+					break
+				}
+			}
+		}
+		if follower == nil {
+			time.Sleep(20 * time.Millisecond) // poll interval
+		}
+	}
+	if follower == nil {
+		t.Fatal("no stream leader")
+	}
+	follower.Stop()
+
+	f := sessiontest.New(rand.New(rand.NewPCG(seed, seed)), t.TempDir(), "/work/p", sessiontest.CLIV3)
+	lines := [][]byte{f.HeaderLine("/work/p")}
+	for range n {
+		lines = append(lines, f.Entry(300))
+	}
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	seen := map[string]bool{}
+	for i := range m.Msgs {
+		if l := &m.Msgs[i].Line; seen[l.EntryID] {
+			l.EntryID = mirror.OrdinalID(l.Ordinal) // a repeated id keeps its line (DESIGN §3.1)
+		} else {
+			seen[l.EntryID] = true
+		}
+	}
+	conv, err := mirror.NewConv(lc.owner, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acks []jetstream.PubAckFuture
+	for _, msg := range m.Msgs {
+		ack, err := lc.js.PublishMsgAsync(lc.names.NewMsg(conv, msg.Line, msg.Data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, ack)
+	}
+	for i, ack := range acks {
+		select {
+		case <-ack.Ok():
+		case err := <-ack.Err():
+			if !inProcess(err) {
+				t.Fatalf("line %d: %v", i, err)
+			}
+			// "Possibly stored" (DESIGN §3.2): send it again with its message id.
+			for {
+				_, err := lc.js.PublishMsg(ctx, lc.names.NewMsg(conv, m.Msgs[i].Line, m.Msgs[i].Data))
+				if err == nil {
+					break
+				}
+				if !inProcess(err) {
+					t.Fatalf("line %d: %v", i, err)
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("line %d not acknowledged", i)
+		}
+	}
+	follower.Start()
+	return m
+}
+
+// inProcess tells the server's "duplicate message id is in process": a client that
+// reconnected from the stopped node sent a line again while its first copy was proposed.
+func inProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10158
+}
+
+// TestScanReadsWhatTheLeaderAcknowledged: on an R3 stream a read right after a replica
+// came back must still see every line the leader acknowledged. Direct gets and R1
+// consumers may be answered by any replica, also one still catching up (torture T9's
+// cluster form, T10): a resume would resend the lines it missed, recover would rebuild a
+// short file.
+func TestScanReadsWhatTheLeaderAcknowledged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	lc := newLaggingCluster(t)
+	const n = 3000
+	for round := range 3 {
+		key := fmt.Sprintf("c%d", round)
+		m := lc.storeWhileFollowerDown(key, n, uint64(round))
+		conv, err := lc.reader.Conv(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Read again and again while the replica catches up: every read must see
+		// every line, whichever replica answers it.
+		for scan, until := 0, time.Now().Add(3*time.Second); time.Now().Before(until); scan++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			read := 0
+			err = lc.reader.Scan(ctx, conv, mirror.ScanOptions{HeadersOnly: true}, func(mirror.Msg) error {
+				read++
+				return nil
+			})
+			cancel()
+			if err != nil {
+				t.Fatalf("round %d, scan %d: %v", round, scan, err)
+			}
+			if read != len(m.Msgs) {
+				t.Fatalf("round %d, scan %d: read %d of the %d acknowledged lines", round, scan, read, len(m.Msgs))
+			}
+		}
+	}
+}
