@@ -29,13 +29,13 @@ import (
 // must not send again are read in ordinal order through a window (heldWindow).
 func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
-		last, err := p.reader.LastSeq(ctx, st.conv)
+		past, err := p.pastCheckpoint(ctx, st)
 		if err != nil {
 			return err
 		}
 		newer, vanished := false, false
-		if last >= st.acked.StreamSeq {
-			held, newerGen, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, last)
+		if !past.behind {
+			held, newerGen, last, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, past)
 			if err != nil {
 				return err
 			}
@@ -69,7 +69,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			// The mirror holds less than the checkpoint says it acknowledged: the stream
 			// was purged or restored from an older backup.
 			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
-				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Uint64("mirror_seq", last))
+				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
 		}
 		st.acked = frontier{}
 		st.leaf.Set("")
@@ -118,14 +118,58 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	return nil
 }
 
+// checkpointView is what the mirror says about a conversation past a file's checkpoint.
+// With the count of older generations known (GenBase), the stream's leader counts the
+// conversation's messages: what lies past the checkpoint is that count less the
+// checkpoint's (GenBase + Ordinal), whichever replica a read is served by (torture T10:
+// a replica behind its leader made a resume resend acknowledged lines). Records without
+// GenBase fall back to the subject's newest sequence, which any replica may answer.
+type checkpointView struct {
+	behind bool    // the mirror holds less than the checkpoint acknowledged
+	below  *uint64 // messages the checkpoint accounts for (nil: unknown)
+	count  uint64  // messages the leader counts (with below)
+	last   uint64  // the subject's newest sequence (without below)
+}
+
+func (v checkpointView) String() string {
+	if v.below != nil {
+		return fmt.Sprintf("%d messages, the checkpoint accounts for %d", v.count, *v.below)
+	}
+	return fmt.Sprintf("newest sequence %d", v.last)
+}
+
+func (p *Publisher) pastCheckpoint(ctx context.Context, st *fileState) (checkpointView, error) {
+	if st.acked.Generation == 1 || st.acked.Base > 0 {
+		below := st.acked.Base + uint64(st.acked.Ordinal)
+		n, err := p.reader.Count(ctx, st.conv)
+		if err != nil {
+			return checkpointView{}, err
+		}
+		return checkpointView{behind: n < below, below: &below, count: n}, nil
+	}
+	last, err := p.reader.LastSeq(ctx, st.conv)
+	if err != nil {
+		return checkpointView{}, err
+	}
+	return checkpointView{behind: last < st.acked.StreamSeq, last: last}, nil
+}
+
 // heldPast returns the lines of generation gen the mirror holds from stream sequence
-// from on, and whether a newer generation appears there; last is the subject's newest
-// sequence (one direct get), which answers most calls without reading anything. Like the
-// whole-subject pass of resume it keeps at most heldLimit lines; past that the window
-// reads them again, in ordinal order, when they are needed.
-func (p *Publisher) heldPast(ctx context.Context, c mirror.Conv, gen int, from, last uint64) (held *heldWindow, newer bool, err error) {
-	nw, err := p.scanGen(ctx, c, gen, from, last, p.heldLimit())
-	return nw.window(c, p.maxDisorder()), nw.newer, err
+// from on, whether a newer generation appears there, and the subject's newest sequence
+// known after the read; v (pastCheckpoint) answers most calls without reading anything.
+// Like the whole-subject pass of resume it keeps at most heldLimit lines; past that the
+// window reads them again, in ordinal order, when they are needed.
+func (p *Publisher) heldPast(ctx context.Context, c mirror.Conv, gen int, from uint64, v checkpointView) (held *heldWindow, newer bool, last uint64, err error) {
+	nw := &newest{only: gen, limit: p.heldLimit()}
+	if v.below != nil && v.count <= *v.below || v.below == nil && v.last < from {
+		p.m.resumeQuery.WithLabelValues("last_seq").Inc()
+		return nw.window(c, p.maxDisorder()), false, from - 1, nil
+	}
+	if err := p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true, Below: v.below}, nw.add); err != nil {
+		return nil, false, 0, fmt.Errorf("resume %s: %w", c.Key, err)
+	}
+	p.m.resumeQuery.WithLabelValues("scan").Inc()
+	return nw.window(c, p.maxDisorder()), nw.newer, max(nw.last, from-1, v.last), nil
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence
