@@ -54,7 +54,7 @@ func newLaggingCluster(t *testing.T) *laggingCluster {
 // storeWhileFollowerDown stops a follower of the stream, stores a session of n entries
 // as conversation key (every line acknowledged by the leader and one other replica),
 // and starts the follower again: it rejoins behind the leader.
-func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64) mirrortest.Mirrored {
+func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64) (m mirrortest.Mirrored, last uint64) {
 	t := lc.t
 	t.Helper()
 	ctx := mirrortest.Ctx(t)
@@ -83,7 +83,7 @@ func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64)
 	for range n {
 		lines = append(lines, f.Entry(300))
 	}
-	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	m = mirrortest.MirrorFile(t, lines, 1, 0)
 	seen := map[string]bool{}
 	for i := range m.Msgs {
 		if l := &m.Msgs[i].Line; seen[l.EntryID] {
@@ -106,15 +106,17 @@ func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64)
 	}
 	for i, ack := range acks {
 		select {
-		case <-ack.Ok():
+		case a := <-ack.Ok():
+			last = max(last, a.Sequence)
 		case err := <-ack.Err():
 			if !inProcess(err) {
 				t.Fatalf("line %d: %v", i, err)
 			}
 			// "Possibly stored" (DESIGN §3.2): send it again with its message id.
 			for {
-				_, err := lc.js.PublishMsg(ctx, lc.names.NewMsg(conv, m.Msgs[i].Line, m.Msgs[i].Data))
+				a, err := lc.js.PublishMsg(ctx, lc.names.NewMsg(conv, m.Msgs[i].Line, m.Msgs[i].Data))
 				if err == nil {
+					last = max(last, a.Sequence)
 					break
 				}
 				if !inProcess(err) {
@@ -126,7 +128,7 @@ func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64)
 		}
 	}
 	follower.Start()
-	return m
+	return m, last
 }
 
 // inProcess tells the server's "duplicate message id is in process": a client that
@@ -149,7 +151,7 @@ func TestScanReadsWhatTheLeaderAcknowledged(t *testing.T) {
 	const n = 3000
 	for round := range 3 {
 		key := fmt.Sprintf("c%d", round)
-		m := lc.storeWhileFollowerDown(key, n, uint64(round))
+		m, last := lc.storeWhileFollowerDown(key, n, uint64(round))
 		conv, err := lc.reader.Conv(key)
 		if err != nil {
 			t.Fatal(err)
@@ -169,6 +171,13 @@ func TestScanReadsWhatTheLeaderAcknowledged(t *testing.T) {
 			}
 			if read != len(m.Msgs) {
 				t.Fatalf("round %d, scan %d: read %d of the %d acknowledged lines", round, scan, read, len(m.Msgs))
+			}
+			// A message the caller knows is there (a duplicate acknowledgement names it).
+			ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+			_, err = lc.reader.LineAt(ctx, conv, last)
+			cancel()
+			if err != nil {
+				t.Fatalf("round %d, scan %d: the line at sequence %d: %v", round, scan, last, err)
 			}
 		}
 	}

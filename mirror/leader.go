@@ -108,7 +108,11 @@ func askLeader(ctx context.Context, nc *nats.Conn, subject, inbox string, req []
 		if err := nc.PublishRequest(subject, inbox, req); err != nil {
 			return nil, fmt.Errorf("stream info: %w", err)
 		}
-		wait := time.NewTimer(jsRequestTimeout)
+		timeout := jsRequestTimeout
+		if d, ok := ctx.Deadline(); ok {
+			timeout = time.Until(d) // a page of 100,000 subjects takes seconds
+		}
+		wait := time.NewTimer(timeout)
 		page, err := leaderReply(ctx, replies, wait)
 		wait.Stop()
 		switch {
@@ -132,8 +136,8 @@ func askLeader(ctx context.Context, nc *nats.Conn, subject, inbox string, req []
 	}
 }
 
-// jsRequestTimeout is how long one ask waits for any answer (nats.go's default for
-// JetStream API requests).
+// jsRequestTimeout is how long one ask waits for any answer when the context sets no
+// deadline (nats.go's default for JetStream API requests).
 const jsRequestTimeout = 5 * time.Second
 
 var errNotLeader = errors.New("answered by a replica that is not the leader")

@@ -114,6 +114,10 @@ type ScanOptions struct {
 	// replica that lags a moment (catchUpWait) to deliver them; without it a scan from
 	// FromSeq ends with what the replica serving it holds.
 	Below *uint64
+	// Through is a stream sequence the caller knows holds a message of the conversation
+	// (0: none): the scan does not end before it has read it, however long a replica
+	// that lags takes to deliver it (it fails when the context ends first).
+	Through uint64
 	// Expect, if set, is called once before the first message with the number of
 	// messages the scan will deliver at most (the consumer's pending count when it was
 	// created), so that the caller can size what it collects them in.
@@ -124,7 +128,7 @@ type ScanOptions struct {
 // but the replica serving its consumer has not delivered: a replica that came back
 // catches up in moments, and the count it waits for may be a few messages too high
 // (lines stored out of order around the caller's sequence), which costs this wait.
-const catchUpWait = 2 * time.Second
+const catchUpWait = 5 * time.Second
 
 // scanBatch is the most messages one pull of Scan asks for: what Scan holds ahead of fn.
 const scanBatch = 512
@@ -153,7 +157,7 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 	if opts.FromSeq > 1 {
 		switch {
 		case opts.Below == nil:
-			want = scanWant{}
+			want = scanWant{through: opts.Through}
 		case total <= *opts.Below:
 			return nil // nothing past FromSeq: the leader counts no more than lie below it
 		default:
@@ -173,19 +177,25 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 
 // scanWant is how many messages a scan must deliver before it ends: n exactly (a
 // whole-subject read, counted by the leader), at most n (waiting catchUpWait for them), or
-// (n 0) what the consumer's replica holds.
+// (n 0) what the consumer's replica holds, and at least through the sequence through.
 type scanWant struct {
-	n     uint64
-	exact bool
+	n       uint64
+	exact   bool
+	through uint64
 }
 
-// LineAt returns the metadata of the message at stream sequence seq of conversation c
-// (ErrNotFound when c has none there). It reads through a consumer filtered on c's
-// subject, as Scan does, so that permissions fencing owners allow it.
+// waits reports whether the scan waits a moment for messages its replica may not hold yet.
+func (w scanWant) waits() bool { return !w.exact && w.n != 0 }
+
+// LineAt returns the metadata of the message at stream sequence seq of conversation c,
+// a sequence the caller knows was stored (a duplicate acknowledgement names it): it waits
+// for a replica behind its leader to deliver it, until ctx ends (ErrNotFound when c holds
+// a later message but none there). It reads through a consumer filtered on c's subject,
+// as Scan does, so that permissions fencing owners allow it.
 func (r *Reader) LineAt(ctx context.Context, c Conv, seq uint64) (Line, error) {
 	var found *Msg
 	errFound := errors.New("found")
-	err := r.Scan(ctx, c, ScanOptions{FromSeq: seq, HeadersOnly: true}, func(m Msg) error {
+	err := r.Scan(ctx, c, ScanOptions{FromSeq: seq, HeadersOnly: true, Through: seq}, func(m Msg) error {
 		found = &m
 		return errFound
 	})
@@ -263,13 +273,13 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 	if info := cons.CachedInfo(); info != nil {
 		left = info.NumPending // from opts.FromSeq on, on the consumer's replica
 	}
-	if left == 0 && want.n == 0 {
+	if left == 0 && want.n == 0 && want.through < max(opts.FromSeq, 1) {
 		return nil
 	}
 	if opts.Expect != nil {
 		opts.Expect(int(min(max(left, want.n), 1<<20)))
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(max(left, want.n), scanBatch))))
+	it, err := cons.Messages(jetstream.PullMaxMessages(int(min(max(left, want.n, 1), scanBatch))))
 	if err != nil {
 		return err
 	}
@@ -297,7 +307,7 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 				return err
 			}
 		}
-		if want.n == 0 && meta.NumPending == 0 {
+		if want.n == 0 && meta.NumPending == 0 && meta.Sequence.Stream >= want.through {
 			return nil
 		}
 	}
@@ -306,10 +316,14 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 // next returns the scan's next message; nil when a scan that waits at most catchUpWait
 // for the rest of its count has waited that long.
 func (r *Reader) next(ctx context.Context, it jetstream.MessagesContext, want scanWant, read uint64) (jetstream.Msg, error) {
-	if want.exact || want.n == 0 {
+	if !want.waits() {
 		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil && want.exact && ctx.Err() != nil {
-			return nil, fmt.Errorf("read %d of the %d messages the stream's leader holds: %w", read, want.n, err)
+		switch {
+		case err == nil || ctx.Err() == nil:
+		case want.exact:
+			err = fmt.Errorf("read %d of the %d messages the stream's leader holds: %w", read, want.n, err)
+		case want.through != 0:
+			err = fmt.Errorf("sequence %d not delivered: %w", want.through, err)
 		}
 		return m, err
 	}

@@ -276,7 +276,10 @@ func (p *Publisher) fill(ctx context.Context, w *heldWindow, o int64, mu sync.Lo
 	w.fills++
 	unlock()
 	want := o + w.disorder + w.ahead
-	err := p.reader.Scan(ctx, w.conv, mirror.ScanOptions{FromSeq: w.read + 1, HeadersOnly: true}, func(m mirror.Msg) error {
+	// The first pass read up to w.end: a replica behind its leader must not end the
+	// window early.
+	opts := mirror.ScanOptions{FromSeq: w.read + 1, HeadersOnly: true, Through: w.end}
+	err := p.reader.Scan(ctx, w.conv, opts, func(m mirror.Msg) error {
 		lock()
 		w.push(m)
 		done := w.done || w.seen > want
