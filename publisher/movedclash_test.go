@@ -124,3 +124,70 @@ func describeHeads(bySource map[string][]mirror.Head) string {
 	sort.Strings(out)
 	return fmt.Sprint(out)
 }
+
+// TestCopyMovedBeforeItsHeadKeepsClashKey (torture seed 727543237586): a copy got its
+// clash key and its head, then moved before the head followed it — the daemon was killed
+// 0.3 s after the copy appeared, before its checkpoint was committed; here, moved while no
+// daemon ran and started with a fresh state directory. The head still names the old
+// path, where no file is; the key derived from the new path has nothing. The copy must
+// get its clash key back (its lines begin the file), not a new one next to it, which left
+// two keys rebuilding one file and recover refusing the older.
+func TestCopyMovedBeforeItsHeadKeepsClashKey(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := natstest.Run(t)
+	rng := rand.New(rand.NewPCG(72, 74))
+	rootA, rootB := t.TempDir(), t.TempDir()
+	orig := newSession(t, rng, rootA, 300, 400)
+	base := filepath.Base(orig.Path)
+	origRel, err := filepath.Rel(rootA, orig.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	origRel = filepath.ToSlash(origRel)
+	copyRel, movedRel := "copy/"+base, "moved/"+base
+	run := func(during func(p *Publisher)) map[string][]mirror.Head {
+		store := openStore(t, t.TempDir()) // a fresh state directory every time
+		p := startPublisher(t, ctx, srv.URL(), store)
+		_, stop := startWatcherWith(t, ctx, watcher.Options{Roots: []string{rootA, rootB}, Sink: p, MoveGrace: 50 * time.Millisecond})
+		during(p)
+		stop()
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = store.Close()
+		return headsBySource(t, ctx, p, orig.ID, false)
+	}
+	mirrored := func(p *Publisher, root string) bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Mirrored == 1 && pr.Pending == 0
+	}
+	var clashKey string
+	first := run(func(p *Publisher) {
+		waitUntil(t, "the original mirrored", func() bool { return mirrored(p, rootA) })
+		writeCopy(t, rng, orig, filepath.Join(rootB, filepath.FromSlash(copyRel)))
+		waitUntil(t, "the copy's head", func() bool {
+			hs := headsBySource(t, ctx, p, orig.ID, false)[copyRel]
+			if len(hs) == 1 {
+				clashKey = hs[0].Key
+			}
+			return len(hs) == 1 && mirrored(p, rootB)
+		})
+	})
+	if clashKey == "" || clashKey == orig.ID || len(first[origRel]) != 1 || first[origRel][0].Key != orig.ID {
+		t.Fatalf("before the move: heads %s", describeHeads(first))
+	}
+	moveFile(t, filepath.Join(rootB, filepath.FromSlash(copyRel)), filepath.Join(rootB, filepath.FromSlash(movedRel)))
+	second := run(func(p *Publisher) {
+		waitUntil(t, "both mirrored", func() bool { return mirrored(p, rootA) && mirrored(p, rootB) })
+	})
+	want := map[string]string{origRel: orig.ID, movedRel: clashKey}
+	for source, key := range want {
+		if hs := second[source]; len(hs) != 1 || hs[0].Key != key || hs[0].Generation != 1 {
+			t.Fatalf("after the move: heads %s; want %s only under %s, generation 1", describeHeads(second), source, key)
+		}
+	}
+	if hs := second[copyRel]; len(hs) != 0 {
+		t.Fatalf("after the move: heads %s; none should name %s", describeHeads(second), copyRel)
+	}
+}

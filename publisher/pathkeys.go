@@ -2,12 +2,18 @@ package publisher
 
 import (
 	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"go.uber.org/zap"
 
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -72,7 +78,14 @@ func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
 // conversation, and the owner then took a new clash key (torture T15). The candidates
 // are the id's clash keys with messages in the owner's view (the one request
 // mirroredWithoutHead also makes), one head read each: only ids with clash keys pay.
+//
+// A head still names the old path when the file moved before its head followed (the
+// daemon killed, or stopped, before it saw the move): then the key whose head names a
+// file of this host that no longer exists, and whose mirrored lines begin f (same line
+// count, bytes and leaf), is f's (torture seed 727543237586: a copy renamed, the daemon
+// killed 0.3 s after it gave the copy its key).
 func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, derived string) (string, bool) {
+	var gone []mirror.Head
 	for _, k := range p.view.clashKeysOf(ctx, p, id) {
 		if k == derived {
 			continue
@@ -81,11 +94,68 @@ func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, deriv
 		if err != nil {
 			continue
 		}
-		if h, _, err := p.reader.Head(ctx, conv); err == nil && p.headNames(h, f) {
+		h, _, err := p.reader.Head(ctx, conv)
+		switch {
+		case err != nil:
+		case p.headNames(h, f):
 			return k, true
+		case h.Host == p.opts.Host && namedFileGone(h):
+			gone = append(gone, h)
+		}
+	}
+	if len(gone) == 0 || p.plainKeyNames(ctx, f, id) {
+		return "", false // a file the id's own head names is no moved copy, whatever its lines
+	}
+	for _, h := range gone {
+		if beginsWith(f.Path, h) {
+			return h.Key, true
 		}
 	}
 	return "", false
+}
+
+// plainKeyNames tells whether the head of conversation id (the plain key) names f.
+func (p *Publisher) plainKeyNames(ctx context.Context, f watcher.File, id string) bool {
+	conv, err := mirror.NewConv(p.opts.Owner, id)
+	if err != nil {
+		return false
+	}
+	h, _, err := p.reader.Head(ctx, conv)
+	return err == nil && p.headNames(h, f)
+}
+
+// namedFileGone tells whether the file a head of this host names no longer exists.
+func namedFileGone(h mirror.Head) bool {
+	_, err := os.Lstat(filepath.Join(h.Root, filepath.FromSlash(h.Source)))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// beginsWith tells whether the file at path begins with the lines head h says its
+// generation holds: h.LastOrdinal+1 complete lines, h.Bytes bytes, ending on leaf h.Head.
+func beginsWith(path string, h mirror.Head) bool {
+	if h.Bytes <= 0 {
+		return false
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer fh.Close()
+	var (
+		leaf  session.Leaf
+		lines int64
+		bytes int64
+	)
+	_, err = session.ReadLines(io.LimitReader(fh, h.Bytes), func(l session.DigestedLine) error {
+		lines, bytes = lines+1, bytes+l.Size+1
+		if l.Ordinal > 0 && l.Prefix != nil {
+			if env, err := session.ScanEntry(l.Prefix); err == nil {
+				leaf.Apply(env)
+			}
+		}
+		return nil
+	})
+	return err == nil && lines == h.LastOrdinal+1 && bytes == h.Bytes && leaf.ID() == h.Head
 }
 
 // clashKeyID is the conversation id of clash key k (see clashKey), if k is one.
