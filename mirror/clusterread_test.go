@@ -58,24 +58,7 @@ func (lc *laggingCluster) storeWhileFollowerDown(key string, n int, seed uint64)
 	t := lc.t
 	t.Helper()
 	ctx := mirrortest.Ctx(t)
-	var follower *natstest.Server
-	deadline := time.Now().Add(30 * time.Second)
-	for follower == nil && time.Now().Before(deadline) {
-		if leader := lc.cluster.StreamLeader(lc.names.Stream()); leader != nil {
-			for _, node := range lc.cluster.Nodes {
-				if node != leader && node.Server != nil {
-					follower = node
-					break
-				}
-			}
-		}
-		if follower == nil {
-			time.Sleep(20 * time.Millisecond) // poll interval
-		}
-	}
-	if follower == nil {
-		t.Fatal("no stream leader")
-	}
+	follower := lc.cluster.StreamFollower(lc.names.Stream(), 30*time.Second)
 	follower.Stop()
 
 	f := sessiontest.New(rand.New(rand.NewPCG(seed, seed)), t.TempDir(), "/work/p", sessiontest.CLIV3)

@@ -118,6 +118,13 @@ type ScanOptions struct {
 	// (0: none): the scan does not end before it has read it, however long a replica
 	// that lags takes to deliver it (it fails when the context ends first).
 	Through uint64
+	// Counted, if set, is the conversation's count that the stream's leader gave the
+	// caller a moment ago (Count): Scan takes it instead of asking again, so that a caller
+	// that counts first to decide whether to read at all pays one request for the count.
+	Counted *uint64
+	// Skipped, if set, is added the number of messages the scan read that are not pisync
+	// lines (fn is not called with them): with the lines, what the leader counts.
+	Skipped *uint64
 	// Expect, if set, is called once before the first message with the number of
 	// messages the scan will deliver at most (the consumer's pending count when it was
 	// created), so that the caller can size what it collects them in.
@@ -137,18 +144,24 @@ const scanBatch = 512
 // up to the newest message at the time of the call. Messages that are not pisync lines are
 // skipped. It reads through an ordered consumer filtered on the conversation's subject.
 //
-// The stream's leader first counts the conversation's messages (leader.go): an empty
-// conversation costs that one request and no consumer, and a whole-subject read does not
-// end before it has read that many, whichever replica serves its consumer (it fails when
-// the context ends first). The consumer's creation counts the messages to read, so that a
+// The stream's leader first counts the conversation's messages (leader.go), unless
+// opts.Counted gives its count: an empty conversation costs that one request and no
+// consumer, and a whole-subject read does not end before it has read that many, whichever
+// replica serves its consumer (it fails when the context ends first). The consumer's creation counts the messages to read, so that a
 // short conversation is read with one pull of just its messages, and the consumer is
 // deleted as soon as they are read: a scan does not hold one of the stream's consumers
 // (1,000 per stream by default) until its pull requests and then its inactivity threshold
 // expire.
 func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg) error) error {
-	total, err := r.Count(ctx, c)
-	if err != nil {
-		return err
+	var total uint64
+	if opts.Counted != nil {
+		total = *opts.Counted
+	} else {
+		n, err := r.Count(ctx, c)
+		if err != nil {
+			return err
+		}
+		total = n
 	}
 	if total == 0 {
 		return nil
@@ -165,7 +178,7 @@ func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg
 		}
 	}
 	var fnErr error
-	err = r.scan(ctx, r.names.Subject(c), opts, want, func(_ string, m Msg) error {
+	err := r.scan(ctx, r.names.Subject(c), opts, want, func(_ string, m Msg) error {
 		fnErr = fn(m)
 		return fnErr
 	})
@@ -306,6 +319,8 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 			if err := fn(m.Subject(), msg); err != nil {
 				return err
 			}
+		} else if opts.Skipped != nil {
+			*opts.Skipped++
 		}
 		if want.n == 0 && meta.NumPending == 0 && meta.Sequence.Stream >= want.through {
 			return nil

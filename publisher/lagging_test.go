@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -61,10 +62,10 @@ func TestResumeFromLaggingReplicaResendsNothing(t *testing.T) {
 	run("the file mirrored")
 	// A stream far larger than what the node will miss: a replica serves direct gets
 	// once it holds 90 % of its stream, so the restarted node answers at once.
-	fillStream(t, ctx, js, names, 20_000)
+	mirrortest.FillStream(t, ctx, js, names, 20_000)
 	for round := range 3 {
 		saved := copyDir(t, stateDir)
-		follower := streamFollower(t, cluster, names.Stream())
+		follower := cluster.StreamFollower(names.Stream(), 20*time.Second)
 		follower.Stop()
 		more := make([][]byte, 0, 1000)
 		for range cap(more) {
@@ -87,53 +88,6 @@ func TestResumeFromLaggingReplicaResendsNothing(t *testing.T) {
 			t.Fatalf("round %d: %v lines sent again that the mirror held", round, n)
 		}
 	}
-}
-
-// fillStream stores n messages of another owner's conversation in the stream.
-func fillStream(t *testing.T, ctx context.Context, js jetstream.JetStream, names mirror.Names, n int) {
-	t.Helper()
-	o, err := mirror.NewOwner("acme", "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := mirror.NewConv(o, "filler")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := js.Conn()
-	for range n {
-		if err := nc.Publish(names.Subject(c), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := nc.FlushWithContext(ctx); err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, names.Stream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the stream filled", func() bool {
-		info, err := stream.Info(ctx)
-		return err == nil && info.State.Msgs >= uint64(n)
-	})
-}
-
-// streamFollower is a running node of the cluster that does not lead stream.
-func streamFollower(t *testing.T, c *natstest.Cluster, stream string) *natstest.Server {
-	t.Helper()
-	var follower *natstest.Server
-	waitUntil(t, "a stream leader", func() bool {
-		leader := c.StreamLeader(stream)
-		for _, node := range c.Nodes {
-			if leader != nil && node != leader && node.Server != nil {
-				follower = node
-				return true
-			}
-		}
-		return false
-	})
-	return follower
 }
 
 // copyDir copies the files of dir (one level) into a new temporary directory.

@@ -103,6 +103,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 			// Lost a race (wrong sequence), or possibly stored (timeout, disconnect):
 			// the stream says which on the next pass.
 			s.log.Debug("append: publish", zapConv(st), zapErr(err))
+			st.refused = st.refused || isWrongSequence(err)
 			fresh = false
 			continue
 		}
@@ -115,6 +116,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		}
 		storeHead := st.kvHasHead && st.kvRev != 0 && st.kvHead.Writer == mirror.WriterStore && st.kvHead.Generation == st.gen
 		st.subjSeq = ack.Sequence
+		st.count++
 		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
 		st.writer = mirror.WriterStore
 		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
@@ -140,10 +142,9 @@ func (s *Store) refresh(ctx context.Context, st *conv, id string) *Error {
 	return s.refreshRead(ctx, st, id, nil)
 }
 
-// refreshRead is refresh that, when it reads the conversation from the start, sets *read
-// to every message it read, bodies included (see load).
-func (s *Store) refreshRead(ctx context.Context, st *conv, id string, read *[]mirror.Msg) *Error {
-	if err := s.load(ctx, st, read); errors.Is(err, errNoConv) {
+// refreshRead is refresh that tells what load read and counted in out (see loadOut).
+func (s *Store) refreshRead(ctx context.Context, st *conv, id string, out *loadOut) *Error {
+	if err := s.load(ctx, st, out); errors.Is(err, errNoConv) {
 		return errorf(CodeNotFound, "conversation %q not found", id)
 	} else if err != nil {
 		return errorf(CodeUnavailable, "%v", err)

@@ -83,6 +83,7 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 			}
 		}
 		nst.subjSeq = ack.Sequence
+		nst.count++
 		nst.apply(scanned{Line: l, seq: ack.Sequence, targetID: target})
 	}
 	if err := s.saveHead(ctx, nst); err != nil {

@@ -61,7 +61,7 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	st := s.conv(c)
-	var read []mirror.Msg
+	var read loadOut
 	if e := s.refreshRead(ctx, st, req.ID, &read); e != nil {
 		st.mu.Unlock()
 		return OpenReply{}, e
@@ -71,10 +71,10 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	of := snapshotOrigin{conv: c.HeadKey(), gen: st.gen, headerSeq: st.headerSeq, last: st.genSeq}
 	if req.Generation == 0 {
 		key := snapshotKey(c, st.gen, st.genSeq)
-		if read != nil {
-			s.opened.put(key, snapshotOf(read, st.gen, st.genSeq), of)
+		if read.msgs != nil {
+			s.opened.put(key, snapshotOf(read.msgs, st.gen, st.genSeq), of)
 		} else if _, ok := s.opened.get(key); !ok {
-			s.extendSnapshot(ctx, c, key, of)
+			s.extendSnapshot(ctx, c, key, of, read.counted)
 		}
 	}
 	st.mu.Unlock()
@@ -232,13 +232,21 @@ func (s *Store) readGen(ctx context.Context, c mirror.Conv, gen int, last uint64
 // open on a replica that served the conversation a moment ago (and has appended to it
 // since) costs the new entries, not the whole conversation. Without such a snapshot, or
 // on an error, it keeps nothing and readGen reads the generation whole.
-func (s *Store) extendSnapshot(ctx context.Context, c mirror.Conv, key string, of snapshotOrigin) {
+//
+// of.last is the newest sequence of the generation the state holds, read from the stream
+// or acknowledged to this replica: stored, so the read waits for it (Through) however far
+// behind its leader the replica serving it is, up to snapshotWait; counted, if not nil,
+// is the leader's count of the conversation load has just asked (Scan asks it else).
+func (s *Store) extendSnapshot(ctx context.Context, c mirror.Conv, key string, of snapshotOrigin, counted *uint64) {
 	base, last, ok := s.opened.base(of.conv, of.gen, of.headerSeq)
 	if !ok || last >= of.last {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, snapshotWait)
+	defer cancel()
 	msgs := slices.Clone(base) // continuations of an earlier open may still read base
-	err := s.handles(c.Owner).reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: last + 1}, func(m mirror.Msg) error {
+	opts := mirror.ScanOptions{FromSeq: last + 1, Through: of.last, Counted: counted}
+	err := s.handles(c.Owner).reader.Scan(ctx, c, opts, func(m mirror.Msg) error {
 		if m.Generation == of.gen && m.Seq <= of.last {
 			msgs = append(msgs, m)
 		}
@@ -251,6 +259,11 @@ func (s *Store) extendSnapshot(ctx context.Context, c mirror.Conv, key string, o
 	msgs, _ = mirror.OrderByOrdinal(msgs)
 	s.opened.put(key, msgs, of)
 }
+
+// snapshotWait bounds extendSnapshot's wait for a sequence it knows stored: should it not
+// come (the conversation deleted meanwhile), readGen reads the generation whole, which
+// finds what the stream's leader holds.
+const snapshotWait = 10 * time.Second
 
 // snapshotKey names the snapshot of generation gen of c up to stream sequence last.
 func snapshotKey(c mirror.Conv, gen int, last uint64) string {

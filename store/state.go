@@ -40,6 +40,8 @@ type conv struct {
 	gen         int    // the generation served and extended
 	writer      string // mirror.WriterStore or "" (daemon)
 	subjSeq     uint64 // newest stream sequence on the subject, any generation
+	count       uint64 // messages of the subject read or published, any generation (load)
+	refused     bool   // a publish found the subject's last sequence past subjSeq (load)
 	genSeq      uint64 // newest stream sequence of gen
 	lastOrdinal int64  // highest ordinal of gen (-1: none)
 	head        string // Pi's leaf after the last line ("" = null)
@@ -71,74 +73,136 @@ type scanned struct {
 // errNoConv is returned by load for a conversation with no message in the stream.
 var errNoConv = errors.New("no such conversation")
 
+// loadOut is what load tells open besides the state it rebuilt.
+type loadOut struct {
+	// msgs, when load read the conversation from scratch, is every message read, in
+	// stream order, bodies included: open serves them without reading the stream again.
+	msgs []mirror.Msg
+	// counted, when load asked the stream's leader for the conversation's count, is that
+	// count: open's next read of the conversation takes it (mirror.ScanOptions.Counted)
+	// instead of asking again.
+	counted *uint64
+}
+
 // load rebuilds c from the stream and the heads bucket: from scratch when c is not loaded,
-// else from the newest sequence it has seen. The caller holds c.mu. When it reads from
-// scratch and read is not nil, *read is set to every message read, in stream order,
-// bodies included: open serves them without reading the stream again.
-func (s *Store) load(ctx context.Context, c *conv, read *[]mirror.Msg) error {
-	h := s.handles(c.c.Owner)
-	from := uint64(0)
-	if c.loaded {
-		last, err := h.reader.LastSeq(ctx, c.c)
+// else from the newest sequence it has seen. The caller holds c.mu; out may be nil.
+//
+// On an R3 stream a direct get, or a consumer, may be answered by a replica behind its
+// leader (one that has just come back): a state checked against one could miss what the
+// leader acknowledged, or take the conversation for deleted. A loaded state is checked
+// against the leader's count of the subject instead (mirror.Reader.Count, one request as
+// the direct get of the newest sequence was), which c.count, the subject's messages the
+// state has read or published (those at or below subjSeq), is compared with: as many, it
+// is current; fewer, the conversation was deleted meanwhile (and perhaps created again)
+// and is read from scratch, up to the leader's count; more, the rest is read from past
+// subjSeq knowing how many lie below it (mirror.ScanOptions.Below), and read again with a
+// new count and consumer while the read comes back short: a consumer on a replica that
+// is catching up need not deliver, within the scan's wait, what that replica stores
+// meanwhile. A conversation deleted and created again with exactly as many messages
+// looks current to the count: its first append is refused on its expected sequence
+// (c.refused), and the load that follows reads it from scratch.
+func (s *Store) load(ctx context.Context, c *conv, out *loadOut) error {
+	var counted *uint64
+	for c.loaded {
+		n, err := s.handles(c.c.Owner).reader.Count(ctx, c.c)
 		if err != nil {
 			return err
 		}
-		if last == c.subjSeq {
+		if out != nil {
+			out.counted = &n
+		}
+		refused := c.refused
+		c.refused = false
+		switch {
+		case n == c.count && !refused:
 			return nil
+		case n <= c.count: // deleted meanwhile (and perhaps created again)
+			c.loaded, counted = false, &n
+			continue
 		}
-		if last < c.subjSeq { // deleted meanwhile (and perhaps created again)
-			c.loaded = false
-			return s.load(ctx, c, read)
+		if err := s.readOn(ctx, c, n, out); err != nil || c.count >= n {
+			return err
 		}
-		from = c.subjSeq + 1
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read conversation %s: %d of the %d messages the stream's leader holds: %w", c.c.Key, c.count, n, err)
+		}
 	}
+	return s.readAll(ctx, c, counted, out)
+}
+
+// scanOne is what load keeps of one message it read.
+func scanOne(m mirror.Msg) scanned {
+	sc := scanned{Line: m.Line, seq: m.Seq}
+	switch {
+	case m.Kind == mirror.KindHeader:
+		sc.data = m.Data
+	case m.Kind == mirror.KindEntry && m.EntryType == "leaf":
+		if env, err := session.ScanEntry(m.Data); err == nil {
+			sc.targetID = env.TargetID
+		}
+	}
+	return sc
+}
+
+// readAll reads c from scratch and builds its state: the whole subject, up to the
+// leader's count (counted, when load has just asked it). With out, out.msgs is set to
+// every message read.
+func (s *Store) readAll(ctx context.Context, c *conv, counted *uint64, out *loadOut) error {
 	var msgs []scanned
 	var all []mirror.Msg
-	keep := read != nil && from == 0
-	expect := func(n int) {
+	var skipped uint64
+	opts := mirror.ScanOptions{Counted: counted, Skipped: &skipped, Expect: func(n int) {
 		msgs = make([]scanned, 0, n)
-		if keep {
+		if out != nil {
 			all = make([]mirror.Msg, 0, n)
 		}
-	}
-	err := h.reader.Scan(ctx, c.c, mirror.ScanOptions{FromSeq: from, Expect: expect}, func(m mirror.Msg) error {
-		if keep {
+	}}
+	err := s.handles(c.c.Owner).reader.Scan(ctx, c.c, opts, func(m mirror.Msg) error {
+		if out != nil {
 			all = append(all, m)
 		}
-		sc := scanned{Line: m.Line, seq: m.Seq}
-		switch {
-		case m.Kind == mirror.KindHeader:
-			sc.data = m.Data
-		case m.Kind == mirror.KindEntry && m.EntryType == "leaf":
-			if env, err := session.ScanEntry(m.Data); err == nil {
-				sc.targetID = env.TargetID
-			}
-		}
-		msgs = append(msgs, sc)
+		msgs = append(msgs, scanOne(m))
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("read conversation %s: %w", c.c.Key, err)
 	}
-	if !c.loaded {
-		if len(msgs) == 0 {
-			return errNoConv
-		}
-		if err := s.build(ctx, c, msgs); err != nil {
-			return err
-		}
-		if keep {
-			*read = all
-		}
-		return nil
+	if len(msgs) == 0 {
+		return errNoConv
 	}
+	if err := s.build(ctx, c, msgs); err != nil {
+		return err
+	}
+	c.count += skipped
+	if out != nil {
+		out.msgs = all
+	}
+	return nil
+}
+
+// readOn reads the messages of the subject past c.subjSeq, of which the stream's leader
+// counts n in all, and applies them to c: once, however many it gets (see load).
+func (s *Store) readOn(ctx context.Context, c *conv, n uint64, out *loadOut) error {
+	var msgs []scanned
+	below, skipped := c.count, uint64(0)
+	opts := mirror.ScanOptions{FromSeq: c.subjSeq + 1, Below: &below, Counted: &n, Skipped: &skipped,
+		Expect: func(n int) { msgs = make([]scanned, 0, n) }}
+	err := s.handles(c.c.Owner).reader.Scan(ctx, c.c, opts, func(m mirror.Msg) error {
+		msgs = append(msgs, scanOne(m))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read conversation %s: %w", c.c.Key, err)
+	}
+	c.count += skipped
 	for _, m := range msgs {
 		c.subjSeq = max(c.subjSeq, m.seq)
+		c.count++
 		if m.Generation > c.gen && c.writer != mirror.WriterStore || m.Kind == mirror.KindHeader && m.Generation == c.gen && c.headerSeq != 0 {
 			// The daemon rewrote the file, a new generation replaces the one we served; or
 			// the conversation was deleted and created again.
 			c.loaded = false
-			return s.load(ctx, c, read)
+			return s.load(ctx, c, out)
 		}
 		if m.Generation == c.gen {
 			c.apply(m)
@@ -168,7 +232,7 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 	if c.kvHasHead && c.kvHead.Writer == mirror.WriterStore && c.kvHead.Generation > 0 {
 		gen, c.writer = c.kvHead.Generation, mirror.WriterStore
 	}
-	c.gen, c.subjSeq, c.genSeq, c.lastOrdinal, c.head = gen, 0, 0, -1, ""
+	c.gen, c.subjSeq, c.count, c.genSeq, c.lastOrdinal, c.head = gen, 0, uint64(len(msgs)), 0, -1, ""
 	c.ids, c.entries, c.meta, c.source, c.headerSHA, c.headerSeq = map[string]entryRef{}, 0, headerMeta{}, "", "", 0
 	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
 	for _, m := range msgs {

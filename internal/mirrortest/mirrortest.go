@@ -255,3 +255,44 @@ func WriteFile(t testing.TB, path string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// FillStream stores n empty messages of another tenant's conversation in the stream and
+// waits until the stream holds them. Tests of a lagging replica use it: a replica serves
+// direct gets once it holds 90 % of its stream, so with a stream far larger than what a
+// restarted node missed, that node answers reads at once, from its store behind the
+// leader's.
+func FillStream(t testing.TB, ctx context.Context, js jetstream.JetStream, names mirror.Names, n int) {
+	t.Helper()
+	o, err := mirror.NewOwner("acme", "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mirror.NewConv(o, "filler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := js.Conn()
+	for range n {
+		if err := nc.Publish(names.Subject(c), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, names.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := stream.Info(ctx)
+		if err == nil && info.State.Msgs >= uint64(n) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the stream holds %d of the %d filler messages", info.State.Msgs, n)
+		case <-time.After(10 * time.Millisecond): // poll interval
+		}
+	}
+}

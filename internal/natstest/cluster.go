@@ -117,6 +117,26 @@ func (c *Cluster) StreamLeader(stream string) *Server {
 	return nil
 }
 
+// StreamFollower returns a running node that replicates stream (an R3 stream on a
+// 3-node cluster: every node does) without leading it, once the stream has a leader; the
+// test fails if it has none within timeout.
+func (c *Cluster) StreamFollower(stream string, timeout time.Duration) *Server {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if leader := c.StreamLeader(stream); leader != nil {
+			for _, node := range c.Nodes {
+				if node != leader && node.Server != nil {
+					return node
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+	c.t.Fatalf("stream %s: no leader with a running follower after %v", stream, timeout)
+	return nil
+}
+
 // Stop shuts every node down.
 func (c *Cluster) Stop() {
 	for _, s := range c.Nodes {
