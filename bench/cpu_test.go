@@ -27,7 +27,9 @@ import (
 // for reading the files and publishing only) into a fresh standalone server in the same
 // run. Goal: 23 µs a line, hashing included (half of Telegraf's 7.04 CPU-s on 300
 // sessions, 150,300 lines), at least as fast as Telegraf. The default is a third of
-// issue 15's workload; `-cpu-sessions 300` is the issue's.
+// issue 15's workload; `-cpu-sessions 300` is the issue's. With -telegraf-bin, Telegraf
+// tailing the same files into a fresh server is a third side (telegraf_test.go), so that
+// the ratio to Telegraf comes from one run on one machine.
 func BenchmarkCPUPerLine(b *testing.B) {
 	w := getWorkload(b, spec{name: "cpu", sessions: *flagCPUSessions, entries: *flagCPUEntries, perDir: 20, seed: 15})
 	for range b.N {
@@ -43,6 +45,14 @@ func BenchmarkCPUPerLine(b *testing.B) {
 		b.ReportMetric(r.raw.Seconds()/r.pisync.Seconds(), "ratio")
 		b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
 		b.ReportMetric(r.others, "others-cpu-%")
+		if *flagTelegrafBin != "" {
+			b.ReportMetric(r.telegrafCPU.Seconds()/lines*1e5, "telegraf-cpu-s/100k-lines")
+			b.ReportMetric(r.telegrafCPU.Seconds()/lines*1e6, "telegraf-cpu-us/line")
+			b.ReportMetric(r.telegraf.Seconds(), "telegraf-s")
+			b.ReportMetric(mb(r.telegrafRSS), "telegraf-peak-rss-MB")
+			b.ReportMetric(r.pisyncCPU.Seconds()/r.telegrafCPU.Seconds(), "pisync/telegraf-cpu")
+			b.ReportMetric(r.pisync.Seconds()/r.telegraf.Seconds(), "pisync/telegraf-s")
+		}
 		reportWorkload(b, w)
 	}
 }
@@ -54,16 +64,16 @@ var (
 )
 
 type cpuResult struct {
-	pisync, raw       time.Duration // wall time until every line is acknowledged
-	pisyncCPU, rawCPU time.Duration
-	peakRSS           int64
-	others            float64
+	pisync, raw, telegraf          time.Duration // wall time until every line is acknowledged
+	pisyncCPU, rawCPU, telegrafCPU time.Duration
+	peakRSS, telegrafRSS           int64
+	others                         float64
 }
 
-var cpuRuns int // to alternate which side goes first
+var cpuRuns int // to rotate which side goes first
 
-// runCPU measures both sides, each on a fresh standalone server, the side going first
-// alternating from run to run, and checks that each stored every line.
+// runCPU measures every side, each on a fresh standalone server, the side going first
+// rotating from run to run, and checks that each stored every line.
 func runCPU(tb testing.TB, w *workload) cpuResult {
 	tb.Helper()
 	pisyncBinary(tb)
@@ -73,7 +83,7 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	var children time.Duration
 	sides := []func(){
 		func() { // raw: this process's CPU time while it publishes
-			t := standaloneTarget(tb)
+			t := standaloneTarget(tb, "1MB")
 			defer t.close()
 			nc := t.connect(tb)
 			defer nc.Close()
@@ -85,7 +95,7 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			children += t.serverCPU()
 		},
 		func() { // pisync: the daemon's rusage, from start to exit
-			t := standaloneTarget(tb)
+			t := standaloneTarget(tb, "1MB")
 			defer t.close()
 			settle()
 			start := time.Now()
@@ -93,19 +103,27 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			waitProfile := d.profile(tb, "cpu-per-line", 20*time.Second)
 			run := d.waitMirrored(tb, start, len(w.files), w.bytes, time.Hour)
 			waitProfile()
-			r.pisync = run.mirrored
+			r.pisync, r.peakRSS = run.mirrored, run.peakRSS
 			d.stop(tb)
 			r.pisyncCPU = rusageCPU(tb, d.cmd.ProcessState)
-			r.peakRSS = d.cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
 			nc := t.connect(tb)
 			defer nc.Close()
 			checkStored(tb, nc, w)
 			children += r.pisyncCPU + t.serverCPU()
 		},
 	}
-	if cpuRuns%2 == 0 {
-		sides[0], sides[1] = sides[1], sides[0]
+	if *flagTelegrafBin != "" {
+		sides = append(sides, func() {
+			// Lines of up to 2 MB go as plain messages: Telegraf has no blobs.
+			t := standaloneTarget(tb, "8MB")
+			defer t.close()
+			settle()
+			runTelegraf(tb, t, w, &r)
+			children += r.telegrafCPU + t.serverCPU()
+		})
 	}
+	first := (cpuRuns - 1) % len(sides)
+	sides = append(sides[first:], sides[:first]...)
 	load := startLoad()
 	for _, side := range sides {
 		side()
@@ -140,37 +158,48 @@ func natsServerBinary(tb testing.TB) string {
 	return natsServerBin.get(tb, *flagNATSServer, "github.com/nats-io/nats-server/v2")
 }
 
+// startChild starts cmd; exited is closed once it has exited, and stop sends it SIGTERM
+// (a graceful shutdown) and waits for it, killing it after 30 s (then killed is true).
+func startChild(tb testing.TB, cmd *exec.Cmd) (exited <-chan struct{}, stop func() (killed bool)) {
+	tb.Helper()
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return done, func() bool {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+			return false
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			return true
+		}
+	}
+}
+
 // standaloneTarget starts a nats-server with JetStream as a child process (the options
-// of natstest's servers: loopback, file store, 1 MiB payloads) and provisions the mirror.
-func standaloneTarget(tb testing.TB) *target {
+// of natstest's servers: loopback, file store, payloads up to maxPayload, "1MB" there)
+// and provisions the mirror.
+func standaloneTarget(tb testing.TB, maxPayload string) *target {
 	tb.Helper()
 	dir := tb.TempDir()
 	port := natstest.FreePort(tb)
 	conf := filepath.Join(dir, "nats.conf")
 	store := filepath.Join(dir, "js")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nmax_payload: 1MB\njetstream { store_dir: %q }\n", port, store), 0o644); err != nil {
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nmax_payload: %s\njetstream { store_dir: %q }\n", port, maxPayload, store), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	cmd := exec.Command(natsServerBinary(tb), "-c", conf)
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop := func() {
-		select {
-		case <-exited:
-			return
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
+	_, stopChild := startChild(tb, cmd)
+	stop := func() { stopChild() }
 	tb.Cleanup(stop)
 	t := &target{url: fmt.Sprintf("nats://127.0.0.1:%d", port), replicas: 1, stop: stop, storeDir: []string{store},
 		serverCPU: func() time.Duration { stop(); return rusageCPU(tb, cmd.ProcessState) }}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"os"
 	"sync"
@@ -112,10 +113,19 @@ func jsOf(tb testing.TB, nc *nats.Conn) jetstream.JetStream {
 // streamMsgs is the number of messages in the entries stream.
 func streamMsgs(tb testing.TB, nc *nats.Conn) uint64 {
 	tb.Helper()
-	js := jsOf(tb, nc)
+	return streamMsgsOf(tb, jsOf(tb, nc), mirror.DefaultNames().Stream())
+}
+
+// streamMsgsOf is the number of messages in stream name, 0 while it does not exist (a
+// caller expecting messages fails on the count).
+func streamMsgsOf(tb testing.TB, js jetstream.JetStream, name string) uint64 {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, mirror.DefaultNames().Stream())
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

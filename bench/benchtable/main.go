@@ -268,6 +268,12 @@ var sections = []section{
 			{unit: "raw-s", label: "raw publish, s"},
 			{unit: "ratio", label: "speed ratio pisync / raw"},
 			{unit: "peak-rss-MB", label: "daemon peak RSS (maxrss), MB"},
+			{unit: "telegraf-cpu-us/line", label: "Telegraf (`-telegraf-bin`), CPU µs per line"},
+			{unit: "telegraf-cpu-s/100k-lines", label: "Telegraf, CPU-s per 100,000 lines"},
+			{unit: "telegraf-s", label: "Telegraf, s until its stream holds every line"},
+			{unit: "telegraf-peak-rss-MB", label: "Telegraf peak RSS (maxrss), MB"},
+			{unit: "pisync/telegraf-cpu", label: "CPU ratio pisync / Telegraf", target: "≤", bound: 0.5},
+			{unit: "pisync/telegraf-s", label: "wall time ratio pisync / Telegraf", target: "≤", bound: 1},
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
 }
