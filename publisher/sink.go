@@ -154,10 +154,12 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// (or missing) until the file grows again.
 		st.headDirty = true
 	}
-	if old != nil && old.file.Path != f.Path && st.acked.StreamSeq > 0 {
-		// Moved: the head and the checkpoint name the old path until the file grows
-		// again, and recovery writes where the head says; a restart looks for the key
-		// whose head names the file's path.
+	movedWhileAway := found && (rec.Root != f.Root || rec.Rel != f.Rel)
+	if (old != nil && old.file.Path != f.Path || movedWhileAway) && st.acked.StreamSeq > 0 {
+		// Moved (seen, or while no daemon ran: found by its checkpoint at another path):
+		// the head and the checkpoint name the old path until the file grows again, and
+		// recovery writes where the head says; a restart looks for the key whose head
+		// names the file's path.
 		st.headDirty, st.cpDirty = true, true
 	}
 	p.mu.Lock()
