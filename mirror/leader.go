@@ -37,9 +37,10 @@ var ErrNoLeader = errors.New("the stream's leader did not answer")
 
 // streamInfoPage is the part of a STREAM.INFO response a leader check and a count need.
 type streamInfoPage struct {
-	Error *jetstream.APIError `json:"error,omitempty"`
-	Total int                 `json:"total"`
-	State struct {
+	Error  *jetstream.APIError `json:"error,omitempty"`
+	Total  int                 `json:"total"`
+	Offset int                 `json:"offset"`
+	State  struct {
 		LastSeq  uint64            `json:"last_seq"`
 		Subjects map[string]uint64 `json:"subjects"`
 	} `json:"state"`
@@ -82,7 +83,7 @@ func (r *Reader) leaderCounts(ctx context.Context, filter string) (map[string]ui
 		if err != nil {
 			return nil, 0, err
 		}
-		page, err := askLeader(ctx, nc, subject, inbox, req, replies)
+		page, err := askLeader(ctx, nc, subject, inbox, req, offset, replies)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -101,19 +102,18 @@ func (r *Reader) leaderCounts(ctx context.Context, filter string) (map[string]ui
 
 // askLeader sends one STREAM.INFO request and returns the leader's answer, asking again
 // (with a growing pause) while only followers answer.
-func askLeader(ctx context.Context, nc *nats.Conn, subject, inbox string, req []byte, replies <-chan *nats.Msg) (*streamInfoPage, error) {
+func askLeader(ctx context.Context, nc *nats.Conn, subject, inbox string, req []byte, offset int, replies <-chan *nats.Msg) (*streamInfoPage, error) {
 	pause := leaderRetryMin
 	var lastErr error
 	for {
 		if err := nc.PublishRequest(subject, inbox, req); err != nil {
 			return nil, fmt.Errorf("stream info: %w", err)
 		}
-		timeout := jsRequestTimeout
-		if d, ok := ctx.Deadline(); ok {
-			timeout = time.Until(d) // a page of 100,000 subjects takes seconds
-		}
-		wait := time.NewTimer(timeout)
-		page, err := leaderReply(ctx, replies, wait)
+		// A reply lost while a node comes back must not wait out the whole context:
+		// ask again after a while. An answer to an earlier ask still counts when it
+		// comes (a page of 100,000 subjects takes seconds).
+		wait := time.NewTimer(askAgainAfter)
+		page, err := leaderReply(ctx, replies, wait, offset)
 		wait.Stop()
 		switch {
 		case page != nil:
@@ -136,17 +136,17 @@ func askLeader(ctx context.Context, nc *nats.Conn, subject, inbox string, req []
 	}
 }
 
-// jsRequestTimeout is how long one ask waits for any answer when the context sets no
-// deadline (nats.go's default for JetStream API requests).
-const jsRequestTimeout = 5 * time.Second
+// askAgainAfter is how long one ask waits for any answer before it is asked again.
+const askAgainAfter = 5 * time.Second
 
 var errNotLeader = errors.New("answered by a replica that is not the leader")
 
 // leaderReply reads the answers to one ask until the leader's arrives. It returns
-// errNotLeader when only followers answered, leaving the caller to ask again. Answers
-// of an earlier ask that come late are read like the others: any answer of the
-// leader's is as good as another.
-func leaderReply(ctx context.Context, replies <-chan *nats.Msg, wait *time.Timer) (*streamInfoPage, error) {
+// errNotLeader when only followers answered, or none did, leaving the caller to ask
+// again. Answers of an earlier ask of the same page that come late are read like the
+// others: any answer of the leader's is as good as another; those of an earlier page
+// are dropped.
+func leaderReply(ctx context.Context, replies <-chan *nats.Msg, wait *time.Timer, offset int) (*streamInfoPage, error) {
 	var notLeader error
 	for {
 		select {
@@ -156,7 +156,7 @@ func leaderReply(ctx context.Context, replies <-chan *nats.Msg, wait *time.Timer
 			if notLeader != nil {
 				return nil, notLeader
 			}
-			return nil, fmt.Errorf("stream info: %w", nats.ErrTimeout)
+			return nil, fmt.Errorf("stream info: %w: %w", errNotLeader, nats.ErrTimeout)
 		case m := <-replies:
 			if m.Header.Get("Status") == "503" {
 				return nil, fmt.Errorf("stream info: %w", nats.ErrNoResponders)
@@ -164,6 +164,9 @@ func leaderReply(ctx context.Context, replies <-chan *nats.Msg, wait *time.Timer
 			var page streamInfoPage
 			if err := json.Unmarshal(m.Data, &page); err != nil {
 				return nil, fmt.Errorf("stream info: %w", err)
+			}
+			if page.Error == nil && page.Offset != offset {
+				continue // a late answer to the ask of an earlier page
 			}
 			if !page.fromLeader() || page.Error != nil && page.Error.Code == 503 {
 				// A follower answers errors too, and "JetStream cluster not

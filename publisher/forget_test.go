@@ -323,8 +323,19 @@ func testOptions(t testing.TB, ctx context.Context, url string) Options {
 		t.Fatal(err)
 	}
 	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{}); err != nil {
-		t.Fatal(err)
+	// One request at a time, each asked again after 10 s: right after a node of a
+	// cluster came back a reply can be lost, and one lost reply must not wait out the
+	// test's whole context.
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := mirror.Provision(pctx, js, names, mirror.Config{})
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || attempt == 5 {
+			t.Fatal(err)
+		}
 	}
 	owner, err := mirror.NewOwner("acme", "dev")
 	if err != nil {
