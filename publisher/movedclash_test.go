@@ -43,16 +43,7 @@ func movedCopyKeepsClashKey(t *testing.T, copyFirst bool) {
 	origRel = filepath.ToSlash(origRel)
 	movedRel := "moved/" + filepath.Base(orig.Path)
 	run := func(during func(p *Publisher)) map[string][]mirror.Head {
-		store := openStore(t, t.TempDir()) // a fresh state directory every time
-		p := startPublisher(t, ctx, srv.URL(), store)
-		_, stop := startWatcherWith(t, ctx, watcher.Options{Roots: []string{rootA, rootB}, Sink: p, MoveGrace: 50 * time.Millisecond})
-		during(p)
-		stop()
-		if err := p.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-		_ = store.Close()
-		return headsBySource(t, ctx, p, orig.ID, false)
+		return runWithoutState(t, ctx, srv.URL(), []string{rootA, rootB}, orig.ID, during)
 	}
 	mirrored := func(p *Publisher, root string, n int) func() bool {
 		return func() bool {
@@ -113,6 +104,23 @@ func movedCopyKeepsClashKey(t *testing.T, copyFirst bool) {
 	}
 }
 
+// runWithoutState runs a daemon on roots with a fresh state directory (as after the loss
+// of the last one) while during runs, stops it, and returns the heads of conversation id
+// by source.
+func runWithoutState(t *testing.T, ctx context.Context, url string, roots []string, id string, during func(p *Publisher)) map[string][]mirror.Head {
+	t.Helper()
+	store := openStore(t, t.TempDir())
+	p := startPublisher(t, ctx, url, store)
+	_, stop := startWatcherWith(t, ctx, watcher.Options{Roots: roots, Sink: p, MoveGrace: 50 * time.Millisecond})
+	during(p)
+	stop()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Close()
+	return headsBySource(t, ctx, p, id, false)
+}
+
 // describeHeads lists heads by source, for failure messages.
 func describeHeads(bySource map[string][]mirror.Head) string {
 	var out []string
@@ -147,16 +155,7 @@ func TestCopyMovedBeforeItsHeadKeepsClashKey(t *testing.T) {
 	origRel = filepath.ToSlash(origRel)
 	copyRel, movedRel := "copy/"+base, "moved/"+base
 	run := func(during func(p *Publisher)) map[string][]mirror.Head {
-		store := openStore(t, t.TempDir()) // a fresh state directory every time
-		p := startPublisher(t, ctx, srv.URL(), store)
-		_, stop := startWatcherWith(t, ctx, watcher.Options{Roots: []string{rootA, rootB}, Sink: p, MoveGrace: 50 * time.Millisecond})
-		during(p)
-		stop()
-		if err := p.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-		_ = store.Close()
-		return headsBySource(t, ctx, p, orig.ID, false)
+		return runWithoutState(t, ctx, srv.URL(), []string{rootA, rootB}, orig.ID, during)
 	}
 	mirrored := func(p *Publisher, root string) bool {
 		pr := p.Progress().Roots[root]
