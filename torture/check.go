@@ -42,6 +42,20 @@ func (s *snapshot) newestGen(key string) int {
 	return best
 }
 
+// headsByKey are the mirror's heads by conversation key (none if they cannot be read: the
+// pairing then goes by lines alone).
+func (r *run) headsByKey() map[string]mirror.Head {
+	ctx, cancel := r.ctx(30 * time.Second)
+	defer cancel()
+	heads := map[string]mirror.Head{}
+	if list, err := r.reader.ListHeads(ctx); err == nil {
+		for _, h := range list.Heads {
+			heads[h.ConvKey()] = h
+		}
+	}
+	return heads
+}
+
 // headFaults says how the heads of the paired keys differ from what they must say once
 // the daemon has caught up: the newest generation, its last ordinal, the leaf.
 func (r *run) headFaults(ctx context.Context, s *snapshot, pair map[*file]string) string {
@@ -139,7 +153,12 @@ func (s *snapshot) equal(msgs []mirror.Msg, lines [][]byte) (bool, string) {
 // match pairs every live file with a distinct conversation key whose newest generation
 // equals its complete lines (a copied file mirrors under a key of its own). It returns the
 // pairing, or why some file has none.
-func (r *run) match(s *snapshot) (map[*file]string, string) {
+//
+// Two keys can hold equal lines (a copy of a file whose key another file held before):
+// a key whose head names the file is tried first, so that the pairing is the daemon's
+// and not an equal but stale conversation that recover rightly refuses (hour run seed
+// 86352313757).
+func (r *run) match(s *snapshot, heads map[string]mirror.Head) (map[*file]string, string) {
 	cands := map[*file][]string{}
 	var why []string
 	for _, f := range r.fs.live {
@@ -158,6 +177,11 @@ func (r *run) match(s *snapshot) (map[*file]string, string) {
 				reasons = append(reasons, key+": "+reason)
 			}
 		}
+		names := func(key string) bool {
+			h, ok := heads[key]
+			return ok && filepath.Join(h.Root, filepath.FromSlash(h.Source)) == f.sf.Path
+		}
+		sort.SliceStable(cands[f], func(i, j int) bool { return names(cands[f][i]) && !names(cands[f][j]) })
 		if len(cands[f]) == 0 {
 			if len(reasons) == 0 {
 				reasons = []string{"no conversation in the mirror"}
@@ -284,7 +308,7 @@ func (r *run) check() (string, error) {
 			cancel()
 			if err != nil {
 				why = "mirror read: " + err.Error()
-			} else if pair, why = r.match(s); why == "" {
+			} else if pair, why = r.match(s, r.headsByKey()); why == "" {
 				ctx, cancel := r.ctx(30 * time.Second)
 				why = r.headFaults(ctx, s, pair)
 				cancel()
