@@ -64,7 +64,12 @@ func (p *streamInfoPage) fromLeader() bool {
 // holds, and the stream's newest sequence. It pages through subjects as the server
 // lists them (100,000 per answer).
 func (r *Reader) leaderCounts(ctx context.Context, filter string) (map[string]uint64, uint64, error) {
-	nc := r.js.Conn()
+	return leaderCounts(ctx, r.js, r.names.Stream(), filter)
+}
+
+// leaderCounts is Reader.leaderCounts for any stream (the object store's, for its chunks).
+func leaderCounts(ctx context.Context, js jetstream.JetStream, stream, filter string) (map[string]uint64, uint64, error) {
+	nc := js.Conn()
 	inbox := nc.NewInbox()
 	replies := make(chan *nats.Msg, 8)
 	sub, err := nc.ChanSubscribe(inbox, replies)
@@ -72,7 +77,7 @@ func (r *Reader) leaderCounts(ctx context.Context, filter string) (map[string]ui
 		return nil, 0, fmt.Errorf("stream info: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	subject := apiPrefix(r.js.Options()) + "STREAM.INFO." + r.names.Stream()
+	subject := apiPrefix(js.Options()) + "STREAM.INFO." + stream
 	counts := map[string]uint64{}
 	var last uint64
 	for offset := 0; ; {

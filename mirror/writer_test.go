@@ -9,6 +9,8 @@ import (
 	"io"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
@@ -115,5 +117,51 @@ func TestPoisonedBlobNameReplaced(t *testing.T) {
 	up, err = tm.Writer.PutBlob(ctx, sha, bytes.NewReader(good))
 	if err != nil || up {
 		t.Fatalf("put of a stored object: uploaded %v, %v; want it reused", up, err)
+	}
+}
+
+// TestBlobRecordWithoutChunksReplaced (torture hour run, seed 317022446736, 3-node
+// cluster with a node down during a 1.1 MB upload): nats.go publishes an object's record
+// together with its chunks and, when a chunk fails, purges the chunks but not the record
+// it may have stored. The daemon's retry found a record with the right digest, trusted
+// it, and every read of the object failed ("digests do not match"). A record whose chunks
+// are not all stored is now replaced.
+func TestBlobRecordWithoutChunksReplaced(t *testing.T) {
+	tm := mirrortest.New(t)
+	ctx := mirrortest.Ctx(t)
+	line := bytes.Repeat([]byte("a line of an image "), 20000) // 380 KB: 3 chunks
+	sum := sha256.Sum256(line)
+	sha := hex.EncodeToString(sum[:])
+	if _, err := tm.Writer.PutBlob(ctx, sha, bytes.NewReader(line)); err != nil {
+		t.Fatal(err)
+	}
+	// What the failed put leaves: the record, its chunks purged.
+	obs, err := tm.JS.ObjectStore(ctx, tm.Names.BlobsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := obs.GetInfo(ctx, tm.Owner.ObjectName(sha))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := tm.JS.Stream(ctx, "OBJ_"+tm.Names.BlobsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject("$O."+tm.Names.BlobsBucket()+".C."+info.NUID)); err != nil {
+		t.Fatal(err)
+	}
+	up, err := tm.Writer.PutBlob(ctx, sha, bytes.NewReader(line))
+	if err != nil || !up {
+		t.Fatalf("put over a record without its chunks: uploaded %v, %v; want it replaced", up, err)
+	}
+	rc, err := tm.Reader.Blob(ctx, sha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil || !bytes.Equal(got, line) {
+		t.Fatalf("read back %d bytes, %v; want the line's %d", len(got), err, len(line))
 	}
 }
