@@ -60,6 +60,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 
 	data, owned := l.Data, false // owned: data is not the watcher's buffer, the message may keep it
+	reread := data == nil
 	if data == nil && l.Len <= session.MaxBufferedLine {
 		buf, err := readSection(l.Src, l.Offset, l.Len)
 		if err != nil {
@@ -76,7 +77,13 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
 		sha = d
-	} else {
+	}
+	if reread {
+		if err := stillALine(l.Src, l.Offset, l.Len); err != nil {
+			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
+		}
+	}
+	if data != nil {
 		sum := sha256.Sum256(data)
 		var digits [2 * sha256.Size]byte
 		hex.Encode(digits[:], sum[:])
@@ -664,6 +671,24 @@ func digestSection(src io.ReaderAt, offset, length int64) (string, error) {
 		return "", fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, n, length, watcher.ErrReopen)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// stillALine checks, after a line was read again from src, that the section is still
+// bounded by newlines: a rewrite in place that resized an earlier line moves the line,
+// and a full-length section at the old offset then holds other bytes (torture T20). A
+// same-size rewrite of the line's middle is not seen here (the watcher's settled check
+// finds it).
+func stillALine(src io.ReaderAt, offset, length int64) error {
+	var b [1]byte
+	if offset > 0 {
+		if _, err := src.ReadAt(b[:], offset-1); err != nil || b[0] != '\n' {
+			return fmt.Errorf("line at offset %d no longer follows a newline: %w", offset, watcher.ErrReopen)
+		}
+	}
+	if _, err := src.ReadAt(b[:], offset+length); err != nil || b[0] != '\n' {
+		return fmt.Errorf("line at offset %d no longer ends at %d: %w", offset, offset+length, watcher.ErrReopen)
+	}
+	return nil
 }
 
 // readSection reads n bytes at offset of src (the descriptor the watcher read the line

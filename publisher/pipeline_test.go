@@ -3,8 +3,6 @@ package publisher
 import (
 	"context"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -40,21 +38,7 @@ func TestBackfillPipelinedLiveOneAtATime(t *testing.T) {
 	if err := sf.Append(lines...); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := os.Open(sf.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	info, err := fd.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, _ := filepath.Rel(root, sf.Path)
-	f := watcher.File{Root: root, Rel: filepath.ToSlash(rel), Path: sf.Path, ID: inode(t, sf.Path),
-		Header: lines[0], Size: info.Size()}
-	if _, err := p.Open(ctx, f, watcher.Discovered); err != nil {
-		t.Fatal(err)
-	}
+	f, fd := openForLines(t, ctx, p, root, sf.Path, lines[0])
 	off, ord := int64(0), int64(0)
 	deliver := func(l []byte) {
 		t.Helper()
