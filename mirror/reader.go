@@ -147,11 +147,11 @@ const scanBatch = 512
 // The stream's leader first counts the conversation's messages (leader.go), unless
 // opts.Counted gives its count: an empty conversation costs that one request and no
 // consumer, and a whole-subject read does not end before it has read that many, whichever
-// replica serves its consumer (it fails when the context ends first). The consumer's creation counts the messages to read, so that a
-// short conversation is read with one pull of just its messages, and the consumer is
-// deleted as soon as they are read: a scan does not hold one of the stream's consumers
-// (1,000 per stream by default) until its pull requests and then its inactivity threshold
-// expire.
+// replica serves its consumer (it fails when the context ends first). The consumer's
+// creation counts the messages to read, so that a short conversation is read with one
+// pull of just its messages, and the consumer is deleted as soon as they are read: a scan
+// does not hold one of the stream's consumers (1,000 per stream by default) until its
+// pull requests and then its inactivity threshold expire.
 func (r *Reader) Scan(ctx context.Context, c Conv, opts ScanOptions, fn func(Msg) error) error {
 	var total uint64
 	if opts.Counted != nil {
