@@ -60,43 +60,29 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 
 	data, owned := l.Data, false // owned: data is not the watcher's buffer, the message may keep it
-	reread := data == nil
-	if data == nil && l.Len <= session.MaxBufferedLine {
-		buf, err := readSection(l.Src, l.Offset, l.Len)
+	var sum [sha256.Size]byte
+	var prefix []byte // the first bytes of a line too long to hold, for its envelope
+	if data == nil {
+		var err error
+		data, prefix, sum, err = readAgain(l)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
-		data, owned = buf, true
+		owned = data != nil
+	} else {
+		sum = sha256.Sum256(data)
 	}
 	blob := data == nil || l.Len > p.opts.BlobThreshold
-	var sha string
-	if data == nil {
-		// Lines above the inline limit are read from the file in bounded chunks.
-		d, err := digestSection(l.Src, l.Offset, l.Len)
-		if err != nil {
-			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
-		}
-		sha = d
-	}
-	if reread {
-		if err := stillALine(l.Src, l.Offset, l.Len); err != nil {
-			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
-		}
-	}
-	if data != nil {
-		sum := sha256.Sum256(data)
-		var digits [2 * sha256.Size]byte
-		hex.Encode(digits[:], sum[:])
-		sha = string(digits[:]) // one allocation: hex.EncodeToString makes two
-
-	}
+	var digits [2 * sha256.Size]byte
+	hex.Encode(digits[:], sum[:])
+	sha := string(digits[:]) // one allocation: hex.EncodeToString makes two
 	it.sha = sha
 
 	h, isHeld, err := p.takeHeld(ctx, st, l.Ordinal)
 	if err != nil {
 		return fmt.Errorf("%s line %d: read what the mirror holds: %w", f.Path, l.Ordinal+1, err)
 	}
-	p.classify(st, it, data, f, l)
+	p.classify(st, it, data, prefix, f, l)
 	if isHeld {
 		if h.holds(sha) {
 			p.m.heldBack.Inc()
@@ -161,21 +147,18 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 }
 
 // classify sets the item's kind and envelope. A line that is not a JSON entry is kept
-// byte for byte as raw, reported with its file and line number.
-func (p *Publisher) classify(st *fileState, it *item, data []byte, f watcher.File, l watcher.Line) {
+// byte for byte as raw, reported with its file and line number. A line too large to hold
+// in memory (data nil) is classified by its first bytes (prefix), where Pi writes the
+// envelope, ahead of the payload.
+func (p *Publisher) classify(st *fileState, it *item, data, prefix []byte, f watcher.File, l watcher.Line) {
 	if l.Ordinal == 0 {
 		it.kind = mirror.KindHeader
 		return
 	}
 	if data == nil {
-		// Too large to hold in memory: the envelope comes from the line's first bytes,
-		// where Pi writes it, ahead of the payload.
-		prefix, err := readSection(l.Src, l.Offset, min(l.Len, session.LinePrefixKeep))
-		if err == nil {
-			if env, ok := session.ScanEnvelopePrefix(prefix); ok {
-				it.kind, it.env, it.entry = mirror.KindEntry, env, true
-				return
-			}
+		if env, ok := session.ScanEnvelopePrefix(prefix); ok {
+			it.kind, it.env, it.entry = mirror.KindEntry, env, true
+			return
 		}
 		it.kind = mirror.KindRaw
 		p.m.invalid.WithLabelValues("malformed").Inc()
@@ -658,37 +641,57 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	return nil
 }
 
-// digestSection hashes length bytes at offset of src (the descriptor the watcher read
-// the line with), in bounded memory. A short section means the file changed under the
-// line: the watcher reopens it (ErrReopen).
-func digestSection(src io.ReaderAt, offset, length int64) (string, error) {
-	h := sha256.New()
-	n, err := io.Copy(h, io.NewSectionReader(src, offset, length))
+// readAgain reads a line handed over without its bytes (longer than the watcher's
+// inline limit) from the descriptor the watcher read it with: whole (data) when it fits
+// in memory, else hashed in bounded chunks, keeping its first bytes (prefix) for its
+// envelope. The bytes must have the digest the watcher took as it read them, else the
+// file changed in between and is reopened (ErrReopen): a rewrite in place that moved the
+// line, or changed its middle without changing its length, leaves a full-length section
+// of other bytes, which would be mirrored as a line no file held under that ordinal
+// (torture T20).
+func readAgain(l watcher.Line) (data, prefix []byte, sum [sha256.Size]byte, err error) {
+	if l.SHA256 == nil {
+		return nil, nil, sum, fmt.Errorf("line at offset %d handed over with neither its bytes nor their digest", l.Offset)
+	}
+	if l.Len <= session.MaxBufferedLine {
+		data, err = readSection(l.Src, l.Offset, l.Len)
+		if err == nil {
+			sum = sha256.Sum256(data)
+		}
+	} else {
+		prefix, sum, err = digestSection(l.Src, l.Offset, l.Len)
+	}
 	if err != nil {
-		return "", fmt.Errorf("read: %w", err)
+		return nil, nil, sum, err
 	}
-	if n < length {
-		return "", fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, n, length, watcher.ErrReopen)
+	if sum != *l.SHA256 {
+		return nil, nil, sum, fmt.Errorf("line at offset %d changed since the watcher read it: %w", l.Offset, watcher.ErrReopen)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return data, prefix, sum, nil
 }
 
-// stillALine checks, after a line was read again from src, that the section is still
-// bounded by newlines: a rewrite in place that resized an earlier line moves the line,
-// and a full-length section at the old offset then holds other bytes (torture T20). A
-// same-size rewrite of the line's middle is not seen here (the watcher's settled check
-// finds it).
-func stillALine(src io.ReaderAt, offset, length int64) error {
-	var b [1]byte
-	if offset > 0 {
-		if _, err := src.ReadAt(b[:], offset-1); err != nil || b[0] != '\n' {
-			return fmt.Errorf("line at offset %d no longer follows a newline: %w", offset, watcher.ErrReopen)
-		}
+// digestSection hashes length bytes at offset of src (the descriptor the watcher read
+// the line with) in bounded memory, and returns them with the section's first
+// session.LinePrefixKeep bytes, read in the same pass: the envelope read from them is
+// that of the bytes the digest covers. A short section means the file changed under the
+// line: the watcher reopens it (ErrReopen).
+func digestSection(src io.ReaderAt, offset, length int64) (prefix []byte, sum [sha256.Size]byte, err error) {
+	prefix, err = readSection(src, offset, min(length, session.LinePrefixKeep))
+	if err != nil {
+		return nil, sum, err
 	}
-	if _, err := src.ReadAt(b[:], offset+length); err != nil || b[0] != '\n' {
-		return fmt.Errorf("line at offset %d no longer ends at %d: %w", offset, offset+length, watcher.ErrReopen)
+	h := sha256.New()
+	h.Write(prefix)
+	rest := length - int64(len(prefix))
+	n, err := io.Copy(h, io.NewSectionReader(src, offset+int64(len(prefix)), rest))
+	if err != nil {
+		return nil, sum, fmt.Errorf("read: %w", err)
 	}
-	return nil
+	if n < rest {
+		return nil, sum, fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, int64(len(prefix))+n, length, watcher.ErrReopen)
+	}
+	h.Sum(sum[:0])
+	return prefix, sum, nil
 }
 
 // readSection reads n bytes at offset of src (the descriptor the watcher read the line

@@ -15,6 +15,7 @@ package watcher
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +103,12 @@ type Line struct {
 	// path may name another file by then. A read shorter than Len means the file changed:
 	// return an error wrapping ErrReopen, never pad.
 	Src io.ReaderAt
+	// SHA256 is the SHA-256 of the line's bytes as the watcher read them (the digest the
+	// mirror keeps for a line, in binary); set exactly when Data is nil, valid only during
+	// the call. A sink that reads the line again from Src must find bytes with this
+	// digest, else return an error wrapping ErrReopen: a same-size rewrite in place
+	// between the two reads leaves a full-length section of other bytes (torture T20).
+	SHA256 *[sha256.Size]byte
 }
 
 // ErrReopen, returned (wrapped) by Sink.Line, asks the watcher to open the file again as

@@ -73,6 +73,24 @@ func BenchmarkLineReader(b *testing.B) {
 	}
 }
 
+// BenchmarkLongLines measures splitting lines above the inline limit (1 MiB entries,
+// default read buffer and inline limit), from memory: each is scanned, then read again
+// in one pass that checks it and takes its digests (maphash, and the SHA-256 the sink
+// checks its own re-read against).
+func BenchmarkLongLines(b *testing.B) {
+	content := bytes.Repeat([]byte(`{"type":"message","id":"abcd1234","text":"`+strings.Repeat("z", 1<<20)+`"}`+"\n"), 12)
+	g := &growing{data: content}
+	lr := newLineReader(DefaultReadBuffer, DefaultMaxInlineBytes)
+	b.SetBytes(int64(len(content)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var t tail
+		if _, err := lr.advance(g, &t, int64(len(content)), func(Line) error { return nil }); err != nil || t.ord != 12 {
+			b.Fatal(t.ord, err)
+		}
+	}
+}
+
 // BenchmarkSettleCheck measures the settled check (settle.go) of a 12 MB file from
 // memory: what one quiet period after a change costs, per byte delivered.
 func BenchmarkSettleCheck(b *testing.B) {

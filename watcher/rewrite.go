@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -51,7 +52,7 @@ func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
 			return read, fmt.Errorf("%w: line at offset %d no longer starts a line", errRewritten, last.off)
 		}
 	}
-	sum, n, err := lr.reread(r, last.off, last.len, nil)
+	sum, n, err := lr.reread(r, last.off, last.len, nil, false)
 	read += n
 	if err != nil {
 		return read, err
@@ -63,11 +64,18 @@ func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
 }
 
 // reread reads the line of length n at off again in one pass, with the '\n' that ends
-// it, and returns its digest. It fails with errRewritten when the pass finds a '\n'
-// inside the line, no '\n' after it, the file ending early, or bytes other than want
-// (when want is not nil).
-func (lr *lineReader) reread(r io.ReaderAt, off, n int64, want []byte) (uint64, int64, error) {
+// it, and returns its digest; with digest set, it also leaves the line's SHA-256 in
+// lr.digest. It fails with errRewritten when the pass finds a '\n' inside the line, no
+// '\n' after it, the file ending early, or bytes other than want (when want is not
+// nil).
+func (lr *lineReader) reread(r io.ReaderAt, off, n int64, want []byte, digest bool) (uint64, int64, error) {
 	lr.h.Reset()
+	if digest {
+		if lr.sha == nil {
+			lr.sha = sha256.New()
+		}
+		lr.sha.Reset()
+	}
 	var read int64
 	for done := int64(0); done <= n; {
 		k := min(int64(len(lr.vbuf)), n+1-done)
@@ -94,7 +102,13 @@ func (lr *lineReader) reread(r io.ReaderAt, off, n int64, want []byte) (uint64, 
 			return 0, read, fmt.Errorf("%w: line at offset %d changed while it was read", errRewritten, off)
 		}
 		lr.h.Write(body)
+		if digest {
+			lr.sha.Write(body)
+		}
 		done += k
+	}
+	if digest {
+		lr.sha.Sum(lr.digest[:0])
 	}
 	return lr.h.Sum64(), read, nil
 }
@@ -120,7 +134,7 @@ func (lr *lineReader) lineBefore(r io.ReaderAt, off int64) (lineSum, int64, erro
 		}
 		end -= k
 	}
-	sum, n, err := lr.reread(r, start, off-1-start, nil)
+	sum, n, err := lr.reread(r, start, off-1-start, nil, false)
 	return lineSum{ok: true, off: start, len: off - 1 - start, sum: sum}, read + n, err
 }
 

@@ -2,7 +2,9 @@ package watcher
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
+	"hash"
 	"hash/maphash"
 	"io"
 	"time"
@@ -38,7 +40,8 @@ var sumSeed = maphash.MakeSeed()
 // lineReader splits a file into complete lines with bounded memory: one read buffer,
 // plus an accumulator (at most maxInline bytes) for a short line that straddles two
 // reads, and a small buffer for the re-reads that check a line. A line longer than
-// maxInline is scanned for its end without being kept.
+// maxInline is scanned for its end without being kept; its SHA-256 is taken from the
+// pass that reads it whole (Line.SHA256).
 type lineReader struct {
 	buf       []byte
 	acc       []byte
@@ -46,6 +49,8 @@ type lineReader struct {
 	maxInline int64
 	now       func() time.Time
 	h         maphash.Hash
+	sha       hash.Hash         // SHA-256 of a line not kept, made on its first such line
+	digest    [sha256.Size]byte // the last one, which Line.SHA256 points at during emit
 }
 
 // maxCheckBuf bounds the buffer of the re-reads.
@@ -69,7 +74,9 @@ var errShortRead = errors.New("file shorter than its size")
 // that ends in a read is delivered, the last line delivered is checked again on r after
 // that read (checkLast), so the read did not follow a rewrite; a line whose bytes came
 // from more than one read is read again in one pass and delivered only if that pass
-// agrees. Either check failing returns errRewritten.
+// agrees. Either check failing returns errRewritten. A line delivered without its bytes
+// (longer than maxInline) carries the SHA-256 of the bytes so checked: of that one pass,
+// or of the one read that held it whole.
 func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line) error) (int64, error) {
 	if t.scanned < t.off {
 		t.scanned = t.off
@@ -131,7 +138,7 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 			}
 			var sum uint64
 			if spans {
-				s, n, cerr := lr.reread(r, l.Offset, l.Len, l.Data)
+				s, n, cerr := lr.reread(r, l.Offset, l.Len, l.Data, l.Data == nil)
 				read += n
 				if cerr != nil {
 					t.scanned = t.off
@@ -142,6 +149,14 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 				// The whole line is in this chunk, also when it is longer than maxInline
 				// (a read buffer larger than the inline limit) and Data is nil.
 				sum = maphash.Bytes(sumSeed, chunk[:i])
+				if l.Data == nil {
+					lr.digest = sha256.Sum256(chunk[:i])
+				}
+			}
+			if l.Data == nil {
+				// The digest of the bytes just checked, which the sink's re-read must
+				// find (torture T20).
+				l.SHA256 = &lr.digest
 			}
 			if err := emit(l); err != nil {
 				t.scanned = t.off

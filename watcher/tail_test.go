@@ -2,6 +2,7 @@ package watcher
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -51,11 +52,19 @@ func collect(t testing.TB, pieces [][]byte, bufSize int, maxInline int64) ([]got
 					t.Fatalf("line %d: len(Data)=%d, Len=%d", l.Ordinal, len(l.Data), l.Len)
 				}
 				gl.Data = string(l.Data)
+				if l.SHA256 != nil {
+					t.Fatalf("line %d: inline, with a digest", l.Ordinal)
+				}
 			} else {
 				if l.Len <= maxInline {
 					t.Fatalf("line %d of %d bytes not inline (max %d)", l.Ordinal, l.Len, maxInline)
 				}
 				gl.Data = string(g.data[l.Offset : l.Offset+l.Len])
+				// The digest covers exactly the delivered bytes, however many reads
+				// assembled them (torture T20).
+				if l.SHA256 == nil || *l.SHA256 != sha256.Sum256([]byte(gl.Data)) {
+					t.Fatalf("line %d of %d bytes: digest %x, want the SHA-256 of its bytes", l.Ordinal, l.Len, l.SHA256)
+				}
 			}
 			out = append(out, gl)
 			return nil
@@ -142,15 +151,41 @@ func TestLineReaderBlankLineHasData(t *testing.T) {
 	}
 }
 
+// TestLineReaderLongLines: a line above the inline limit is delivered without its bytes,
+// with the SHA-256 of exactly its bytes (collect checks it), whether one read held it,
+// several reads scanned it, or appends tore it and the scan resumed.
 func TestLineReaderLongLines(t *testing.T) {
-	long := bytes.Repeat([]byte("x"), 1000)
-	content := append(append([]byte("short\n"), long...), "\nend\n"...)
-	got, _ := collect(t, [][]byte{content}, 64, 100)
-	if len(got) != 3 || !got[0].Inline || got[1].Inline || !got[2].Inline {
-		t.Fatalf("got %+v", got)
+	var long []byte
+	for i := range 1000 {
+		long = append(long, 'a'+byte(i%26))
 	}
-	if got[1].Off != 6 || got[1].Len != 1000 || got[2].Off != 1007 {
-		t.Fatalf("long line at %d len %d, next at %d", got[1].Off, got[1].Len, got[2].Off)
+	content := append(append([]byte("short\n"), long...), "\nend\n"...)
+	cases := []struct {
+		name    string
+		bufSize int
+		cuts    []int // content appended in pieces ending here
+	}{
+		{"one read", 4096, nil},
+		{"many reads", 64, nil},
+		{"torn by appends", 64, []int{10, 300, 700, 1006}},
+		{"torn by appends, one read each", 4096, []int{10, 300, 700, 1006}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var pieces [][]byte
+			from := 0
+			for _, cut := range append(c.cuts, len(content)) {
+				pieces = append(pieces, content[from:cut])
+				from = cut
+			}
+			got, _ := collect(t, pieces, c.bufSize, 100)
+			if len(got) != 3 || !got[0].Inline || got[1].Inline || !got[2].Inline {
+				t.Fatalf("got %+v", got)
+			}
+			if got[1].Off != 6 || got[1].Len != 1000 || got[2].Off != 1007 {
+				t.Fatalf("long line at %d len %d, next at %d", got[1].Off, got[1].Len, got[2].Off)
+			}
+		})
 	}
 }
 
