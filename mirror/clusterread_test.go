@@ -1,6 +1,7 @@
 package mirror_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -162,6 +163,44 @@ func TestScanReadsWhatTheLeaderAcknowledged(t *testing.T) {
 			if err != nil {
 				t.Fatalf("round %d, scan %d: the line at sequence %d: %v", round, scan, last, err)
 			}
+		}
+	}
+}
+
+// TestBlobPutAcrossLeaderChange is torture T21 on a cluster (seed 514479021970: a node
+// stopped during the upload of a 190 KB line): the object stream's leader steps down as
+// a blob's first chunk is published, so the chunks are answered "no responders" until a
+// new leader is elected. nats.go's object store Put published such a chunk again with
+// the last chunk's bytes and reported success; every read of the object failed, "digests
+// do not match" (6 puts of 6 before the fix). A put may fail (the daemon puts again), but
+// what it reports stored must read back.
+func TestBlobPutAcrossLeaderChange(t *testing.T) {
+	lc := newLaggingCluster(t)
+	ctx := mirrortest.Ctx(t)
+	w, err := mirror.NewWriter(ctx, lc.js, lc.names, lc.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepDown := "$JS.API.STREAM.LEADER.STEPDOWN.OBJ_" + lc.names.BlobsBucket()
+	for i := range 3 {
+		line, sha := blobLine(i)
+		r := &hookReader{r: bytes.NewReader(line), before: map[int]func() error{0: func() error {
+			_, err := lc.js.Conn().RequestWithContext(ctx, stepDown, nil)
+			return err
+		}}}
+		putBlobAsTheDaemon(t, w, sha, line, r, nil)
+		// A replica serving the read may still be behind the new leader: a right
+		// object reads back within the deadline, a wrong one never does.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, err := readBlob(ctx, lc.reader, sha)
+			if err == nil && bytes.Equal(got, line) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("put %d: read back %d bytes, %v; want the line's %d", i, len(got), err, len(line))
+			}
+			time.Sleep(50 * time.Millisecond) // poll interval
 		}
 	}
 }

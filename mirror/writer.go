@@ -51,11 +51,12 @@ func NewWriter(ctx context.Context, js jetstream.JetStream, n Names, o Owner) (*
 // exactly those bytes exists already: object puts are not idempotent, so a retried put
 // must not write it twice. An object of that name is trusted only when the digest the
 // object store recorded for it is sha256hex (a SHA-256 match fixes the size too) and
-// the store holds all its chunks; otherwise (a failed upload left other bytes, or a
-// record without its chunks) it is replaced. Bytes read from r that
-// do not match sha256hex (a file that changed while it was read) are refused: the
-// object is removed and an error returned, so a name never holds the wrong bytes.
-// PutBlob reports whether it uploaded.
+// the store holds exactly its chunks; otherwise (a failed upload left other bytes, or a
+// record without its chunks) it is replaced. The put itself (putObject) publishes the
+// object's record only after all its chunks are stored, in order, with digest
+// sha256hex: bytes read from r that do not match (a file that changed while it was
+// read) get no record and an error wrapping ErrBlobChanged, so a name never holds the
+// wrong bytes. PutBlob reports whether it uploaded.
 func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bool, error) {
 	name := w.owner.ObjectName(sha256hex)
 	want, err := objectDigest(sha256hex)
@@ -73,39 +74,34 @@ func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bo
 			return false, nil
 		}
 		// Put again: its record replaces this one, then its chunks are purged.
-	case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
+	case errors.Is(err, jetstream.ErrObjectNotFound):
+		info = nil
+	case err != nil:
 		return false, fmt.Errorf("blob %s: %w", sha256hex, err)
 	}
-	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: w.chunkSize()}}
-	put, err := w.blobs.Put(ctx, meta, r)
-	if err != nil {
+	if _, err := w.putObject(ctx, name, want, info, r); err != nil {
 		return false, fmt.Errorf("put blob %s: %w", sha256hex, err)
-	}
-	if put.Digest != want {
-		if derr := w.blobs.Delete(ctx, name); derr != nil {
-			return false, fmt.Errorf("blob %s: uploaded bytes do not match the digest, and removing them failed (the next put replaces them): %w", sha256hex, derr)
-		}
-		return false, fmt.Errorf("blob %s: %w", sha256hex, ErrBlobChanged)
 	}
 	return true, nil
 }
 
-// chunksStored tells whether the object store holds every chunk of the object info
-// describes, as the stream's leader counts them. nats.go publishes an object's record
-// together with its chunks and, when a chunk fails, purges the chunks but not the record
-// it may have stored already (torture hour run, seed 317022446736: a 3-node cluster with
-// a node down during a 1.1 MB upload): a record whose digest matches is then no proof
-// that the bytes are there, and every read of the object fails ("digests do not match").
+// chunksStored tells whether the object store holds exactly the chunks of the object
+// info describes, as the stream's leader counts them. An object put by nats.go's own Put
+// may have a record whose chunks are gone: when a chunk fails, it purges the chunks but
+// not the record it may have stored already (torture hour run, seed 317022446736: a
+// 3-node cluster with a node down during a 1.1 MB upload), and every read of the object
+// fails ("digests do not match"). A count says nothing of the chunks' bytes: putObject
+// is what keeps those right.
 func (w *Writer) chunksStored(ctx context.Context, info *jetstream.ObjectInfo) (bool, error) {
 	if info.Chunks == 0 {
 		return true, nil
 	}
-	subject := "$O." + w.names.BlobsBucket() + ".C." + info.NUID
-	counts, _, err := leaderCounts(ctx, w.js, "OBJ_"+w.names.BlobsBucket(), subject)
+	subject := chunkSubject(w.names.BlobsBucket(), info.NUID)
+	counts, _, err := leaderCounts(ctx, w.js, objectStream(w.names.BlobsBucket()), subject)
 	if err != nil {
 		return false, fmt.Errorf("count the chunks of %s: %w", info.Name, err)
 	}
-	return counts[subject] >= uint64(info.Chunks), nil
+	return counts[subject] == uint64(info.Chunks), nil
 }
 
 // ErrBlobChanged is returned by PutBlob when the bytes it read do not have the digest

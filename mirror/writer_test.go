@@ -2,6 +2,7 @@ package mirror_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -164,4 +165,113 @@ func TestBlobRecordWithoutChunksReplaced(t *testing.T) {
 	if err != nil || !bytes.Equal(got, line) {
 		t.Fatalf("read back %d bytes, %v; want the line's %d", len(got), err, len(line))
 	}
+}
+
+// TestBlobChunkRetriedAfterNoRespondersStoresItsOwnBytes (torture T21, seed 514479021970:
+// a 3-node cluster, a node stopped during a 190 KB upload): while a stream has no leader
+// a publish is answered "no responders", and nats.go's object store Put, which publishes
+// its chunks asynchronously from one reused message and buffer, lets the client publish
+// such a chunk again 250 ms later, holding what the buffer holds by then: the last
+// chunk's bytes, stored after it. The put reported success with the right digest and
+// chunk count, and every read of the object failed ("digests do not match"). Here the
+// chunk subjects have no stream while the first chunk is published, as between two
+// leaders (TestBlobPutAcrossLeaderChange is the cluster's own version).
+func TestBlobChunkRetriedAfterNoRespondersStoresItsOwnBytes(t *testing.T) {
+	tm := mirrortest.New(t)
+	ctx := mirrortest.Ctx(t)
+	line, sha := blobLine(0)
+	stream, err := tm.JS.Stream(ctx, "OBJ_"+tm.Names.BlobsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	chunks := "$O." + tm.Names.BlobsBucket() + ".C.>"
+	without := cfg
+	without.Subjects = nil
+	for _, s := range cfg.Subjects {
+		if s != chunks {
+			without.Subjects = append(without.Subjects, s)
+		}
+	}
+	if len(without.Subjects) == len(cfg.Subjects) {
+		t.Fatalf("object stream subjects %v: no %s", cfg.Subjects, chunks)
+	}
+	if _, err := tm.JS.UpdateStream(ctx, without); err != nil {
+		t.Fatal(err)
+	}
+	// The stream has its subjects again (a leader elected) once the second chunk is
+	// read, or before the caller puts again.
+	restored := false
+	restore := func() error {
+		if restored {
+			return nil
+		}
+		restored = true
+		_, err := tm.JS.UpdateStream(ctx, cfg)
+		return err
+	}
+	r := &hookReader{r: bytes.NewReader(line), before: map[int]func() error{1: restore}}
+	putBlobAsTheDaemon(t, tm.Writer, sha, line, r, restore)
+	if got, err := readBlob(ctx, tm.Reader, sha); err != nil || !bytes.Equal(got, line) {
+		t.Fatalf("read back %d bytes, %v; want the line's %d", len(got), err, len(line))
+	}
+}
+
+// blobLine is a line of 193,715 bytes (two chunks of 128 KiB, as in T21's run), one per
+// i, and its digest.
+func blobLine(i int) ([]byte, string) {
+	line := make([]byte, 193715)
+	for j := range line {
+		line[j] = byte('a' + (i+j)%23)
+	}
+	sum := sha256.Sum256(line)
+	return line, hex.EncodeToString(sum[:])
+}
+
+// putBlobAsTheDaemon puts line from r and, when that fails, again from its bytes once
+// before (if any) has run, as the daemon retries a failed put. An error is fine; a name
+// left unreadable is not.
+func putBlobAsTheDaemon(t *testing.T, w *mirror.Writer, sha string, line []byte, r io.Reader, before func() error) {
+	t.Helper()
+	ctx := mirrortest.Ctx(t)
+	_, err := w.PutBlob(ctx, sha, r)
+	if err == nil {
+		return
+	}
+	t.Logf("first put: %v", err)
+	if before != nil {
+		if err := before(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.PutBlob(ctx, sha, bytes.NewReader(line)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readBlob reads a blob whole.
+func readBlob(ctx context.Context, r *mirror.Reader, sha string) ([]byte, error) {
+	rc, err := r.Blob(ctx, sha)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// hookReader runs before[i] before its i-th Read (counting from 0).
+type hookReader struct {
+	r      io.Reader
+	n      int
+	before map[int]func() error
+}
+
+func (h *hookReader) Read(p []byte) (int, error) {
+	if f := h.before[h.n]; f != nil {
+		if err := f(); err != nil {
+			return 0, err
+		}
+	}
+	h.n++
+	return h.r.Read(p)
 }
