@@ -39,6 +39,9 @@ func BenchmarkCPUPerLine(b *testing.B) {
 		b.ReportMetric(r.pisyncCPU.Seconds()/lines*1e6, "cpu-us/line")
 		b.ReportMetric(r.rawCPU.Seconds()/lines*1e6, "raw-cpu-us/line")
 		b.ReportMetric(r.pisyncCPU.Seconds()/r.rawCPU.Seconds(), "cpu-ratio")
+		b.ReportMetric(r.coreCPU.Seconds()/lines*1e6, "core-cpu-us/line")
+		b.ReportMetric(r.coreCPU.Seconds()/r.rawCPU.Seconds(), "core/raw-cpu")
+		b.ReportMetric(r.core.Seconds(), "core-s")
 		b.ReportMetric(r.pisyncCPU.Seconds(), "cpu-s")
 		b.ReportMetric(r.pisync.Seconds(), "pisync-s")
 		b.ReportMetric(r.raw.Seconds(), "raw-s")
@@ -64,10 +67,10 @@ var (
 )
 
 type cpuResult struct {
-	pisync, raw, telegraf          time.Duration // wall time until every line is acknowledged
-	pisyncCPU, rawCPU, telegrafCPU time.Duration
-	peakRSS, telegrafRSS           int64
-	others                         float64
+	pisync, raw, core, telegraf             time.Duration // wall time until every line is acknowledged
+	pisyncCPU, rawCPU, coreCPU, telegrafCPU time.Duration
+	peakRSS, telegrafRSS                    int64
+	others                                  float64
 }
 
 var cpuRuns int // to rotate which side goes first
@@ -81,19 +84,17 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	cpuRuns++
 	var r cpuResult
 	var children time.Duration
+	raw := func(publish rawPublisher, wall, cpu *time.Duration) func() {
+		return func() {
+			var server time.Duration
+			*wall, *cpu, server = rawSide(tb, w, publish)
+			children += server
+		}
+	}
 	sides := []func(){
-		func() { // raw: this process's CPU time while it publishes
-			t := standaloneTarget(tb, "1MB")
-			defer t.close()
-			nc := t.connect(tb)
-			defer nc.Close()
-			settle()
-			c0, start := selfCPU(), time.Now()
-			rawPublish(tb, nc, w, *flagWindow)
-			r.raw, r.rawCPU = time.Since(start), selfCPU()-c0
-			checkStored(tb, nc, w)
-			children += t.serverCPU()
-		},
+		raw(rawPublish, &r.raw, &r.rawCPU),
+		// Over core NATS, acknowledgements tracked by mirror.AsyncPublisher.
+		raw(rawCorePublish, &r.core, &r.coreCPU),
 		func() { // pisync: the daemon's rusage, from start to exit
 			t := standaloneTarget(tb, "1MB")
 			defer t.close()
@@ -130,6 +131,53 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	}
 	r.others = load.othersPercent(children)
 	return r
+}
+
+// rawPublisher publishes every line of a workload (rawPublish, rawCorePublish).
+type rawPublisher func(tb testing.TB, nc *nats.Conn, w *workload, window int)
+
+// rawSide publishes w with publish into a fresh standalone server: wall and CPU time of
+// this process while it publishes, and the server's CPU time.
+func rawSide(tb testing.TB, w *workload, publish rawPublisher) (wall, cpu, server time.Duration) {
+	tb.Helper()
+	t := standaloneTarget(tb, "1MB")
+	defer t.close()
+	nc := t.connect(tb)
+	defer nc.Close()
+	settle()
+	c0, start := selfCPU(), time.Now()
+	publish(tb, nc, w, *flagWindow)
+	wall, cpu = time.Since(start), selfCPU()-c0
+	checkStored(tb, nc, w)
+	return wall, cpu, t.serverCPU()
+}
+
+var ackTrackingRuns int // to alternate which side goes first, over -count too
+
+// BenchmarkAckTracking is case 10's two raw sides alone, the side going first
+// alternating from iteration to iteration: nats.go's PublishMsgAsync ("natsgo") against
+// core NATS with mirror.AsyncPublisher ("core"), the daemon's acknowledgement tracking.
+func BenchmarkAckTracking(b *testing.B) {
+	w := getWorkload(b, spec{name: "cpu", sessions: *flagCPUSessions, entries: *flagCPUEntries, perDir: 20, seed: 15})
+	natsServerBinary(b)
+	var natsgo, core time.Duration
+	for range b.N {
+		ackTrackingRuns++
+		sides := []func(){
+			func() { _, c, _ := rawSide(b, w, rawPublish); natsgo += c },
+			func() { _, c, _ := rawSide(b, w, rawCorePublish); core += c },
+		}
+		if ackTrackingRuns%2 == 0 {
+			sides[0], sides[1] = sides[1], sides[0]
+		}
+		for _, side := range sides {
+			side()
+		}
+	}
+	lines := float64(b.N * w.lines)
+	b.ReportMetric(natsgo.Seconds()/lines*1e6, "natsgo-cpu-us/line")
+	b.ReportMetric(core.Seconds()/lines*1e6, "core-cpu-us/line")
+	b.ReportMetric(core.Seconds()/natsgo.Seconds(), "core/natsgo-cpu")
 }
 
 // rusageCPU is the CPU time (user and system) of an exited child.

@@ -144,12 +144,7 @@ func streamMsgsOf(tb testing.TB, js jetstream.JetStream, name string) uint64 {
 // pisync's watcher, -raw-workers goroutines take the files in turn.
 func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 	tb.Helper()
-	ctx := context.Background()
 	js, err := publisher.NewJetStream(nc, 30*time.Second, window)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	obj, err := js.ObjectStore(ctx, mirror.DefaultNames().BlobsBucket())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -168,6 +163,79 @@ func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 			}
 		}
 	}()
+	publishLines(tb, js, w, func(m *nats.Msg) error {
+		fut, err := js.PublishMsgAsync(m)
+		if err == nil {
+			acks <- fut
+		}
+		return err
+	})
+	close(acks)
+	<-done
+	if failed != nil {
+		tb.Fatalf("raw publish: %v", failed)
+	}
+}
+
+// rawCorePublish is rawPublish through mirror.AsyncPublisher, the publisher's own
+// acknowledgement tracking over core NATS (one reply subject per message under one
+// inbox subscription), read in publish order as the publisher reads them: the ceiling
+// without nats.go's per-message future, timer, channels and JSON parse.
+func rawCorePublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
+	tb.Helper()
+	js, err := publisher.NewJetStream(nc, 30*time.Second, window)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ap, err := mirror.NewAsyncPublisher(nc, mirror.AsyncOptions{AckTimeout: 30 * time.Second, MaxPending: window + 256})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ap.Close()
+	notify := make(chan struct{}, 1)
+	acks := make(chan *mirror.Pending, window)
+	slots := make(chan struct{}, window) // the window: pisync's in-flight bound
+	var failed error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for pd := range acks {
+			for !pd.Done() {
+				<-notify
+			}
+			if _, err, _ := pd.Result(); err != nil && failed == nil {
+				failed = err
+			}
+			ap.Release(pd)
+			<-slots
+		}
+	}()
+	publishLines(tb, js, w, func(m *nats.Msg) error {
+		slots <- struct{}{}
+		pd, err := ap.Publish(m, notify)
+		if err != nil {
+			<-slots
+			return err
+		}
+		acks <- pd
+		return nil
+	})
+	close(acks)
+	<-done
+	if failed != nil {
+		tb.Fatalf("raw core publish: %v", failed)
+	}
+}
+
+// publishLines hands every line of w, as the message pisync sends, to publish, from
+// -raw-workers goroutines taking the files in turn.
+func publishLines(tb testing.TB, js jetstream.JetStream, w *workload, publish func(*nats.Msg) error) {
+	tb.Helper()
+	ctx := context.Background()
+	obj, err := js.ObjectStore(ctx, mirror.DefaultNames().BlobsBucket())
+	if err != nil {
+		tb.Fatal(err)
+	}
 	o := owner(tb)
 	var next atomic.Int64
 	errs := make(chan error, max(*flagRawWorkers, 1))
@@ -179,7 +247,7 @@ func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 				if i >= len(w.files) {
 					return
 				}
-				if err := rawFile(ctx, js, obj, o, w.files[i], acks); err != nil {
+				if err := rawFile(ctx, obj, o, w.files[i], publish); err != nil {
 					errs <- err
 					return
 				}
@@ -187,19 +255,14 @@ func rawPublish(tb testing.TB, nc *nats.Conn, w *workload, window int) {
 		})
 	}
 	wg.Wait()
-	close(acks)
-	<-done
 	close(errs)
 	if err := <-errs; err != nil {
 		tb.Fatal(err)
 	}
-	if failed != nil {
-		tb.Fatalf("raw publish: %v", failed)
-	}
 }
 
-// rawFile publishes the lines of one file and hands their futures to acks.
-func rawFile(ctx context.Context, js jetstream.JetStream, obj jetstream.ObjectStore, o mirror.Owner, f *sessionFile, acks chan<- jetstream.PubAckFuture) error {
+// rawFile publishes the lines of one file.
+func rawFile(ctx context.Context, obj jetstream.ObjectStore, o mirror.Owner, f *sessionFile, publish func(*nats.Msg) error) error {
 	names := mirror.DefaultNames()
 	content, err := os.ReadFile(f.path)
 	if err != nil {
@@ -230,11 +293,9 @@ func rawFile(ctx context.Context, js jetstream.JetStream, obj jetstream.ObjectSt
 			}
 			l.BlobSize, body = m.len, nil
 		}
-		fut, err := js.PublishMsgAsync(names.NewMsg(conv, l, body))
-		if err != nil {
+		if err := publish(names.NewMsg(conv, l, body)); err != nil {
 			return err
 		}
-		acks <- fut
 	}
 	return nil
 }
