@@ -44,7 +44,7 @@ func TestSmoke(t *testing.T) {
 		}
 		runDaemonBackfill(t, getWorkload(t, spec{name: "smoke-big", bigBytes: 2 << 20, seed: 4}))
 		runDaemonBackfill(t, getWorkload(t, filesSpec(30, 2)))
-		if r := runCPU(t, getWorkload(t, spec{name: "smoke-cpu", sessions: 4, entries: 20, perDir: 2, seed: 15})); r.pisyncCPU <= 0 || r.rawCPU <= 0 {
+		if r := runCPU(t, getWorkload(t, spec{name: "smoke-cpu", sessions: 4, entries: 20, perDir: 2, seed: 15})); r.pisyncCPU <= 0 || r.rawCPU <= 0 || r.coreCPU <= 0 {
 			t.Fatalf("CPU per line: %+v", r)
 		}
 	})
