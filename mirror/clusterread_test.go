@@ -3,6 +3,8 @@ package mirror_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -202,5 +204,74 @@ func TestBlobPutAcrossLeaderChange(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond) // poll interval
 		}
+	}
+}
+
+// TestBlobReadsWhatTheLeaderAcknowledged: a blob the leader acknowledged must read back
+// whole right after a replica came back. nats.go's object store Get reads the object's
+// record by a direct get and its chunks through an ordered consumer, either of which a
+// replica still catching up may serve: the read found no record ("not found"), or ended
+// at the replica's last chunk ("digests do not match"), and recover of the line failed
+// until the replica caught up (torture T21, what it left).
+func TestBlobReadsWhatTheLeaderAcknowledged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	lc := newLaggingCluster(t)
+	ctx := mirrortest.Ctx(t)
+	w, err := mirror.NewWriter(ctx, lc.js, lc.names, lc.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blobs = 16 // 3 MB: the replica that comes back takes a moment to catch up
+	for round := range 5 {
+		follower := lc.cluster.StreamFollower("OBJ_"+lc.names.BlobsBucket(), 30*time.Second)
+		follower.Stop()
+		lines := make([][]byte, blobs)
+		shas := make([]string, blobs)
+		for i := range blobs {
+			lines[i], shas[i] = distinctBlobLine(round*blobs + i)
+			putBlobRetrying(t, w, shas[i], lines[i])
+		}
+		follower.Start()
+		// Read again and again while the replica catches up: every read must return
+		// every blob whole, whichever replica answers it.
+		for pass, until := 0, time.Now().Add(3*time.Second); time.Now().Before(until); pass++ {
+			for i := range blobs {
+				rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				got, err := readBlob(rctx, lc.reader, shas[i])
+				cancel()
+				if err != nil || !bytes.Equal(got, lines[i]) {
+					t.Fatalf("round %d, pass %d, blob %d: read %d bytes, %v; want the line's %d", round, pass, i, len(got), err, len(lines[i]))
+				}
+			}
+		}
+	}
+}
+
+// distinctBlobLine is blobLine with i written at its start: one line per i, however many.
+func distinctBlobLine(i int) ([]byte, string) {
+	line, _ := blobLine(i)
+	copy(line, fmt.Sprintf("%08d", i))
+	sum := sha256.Sum256(line)
+	return line, hex.EncodeToString(sum[:])
+}
+
+// putBlobRetrying puts line until a put succeeds, as the daemon does: a request sent as
+// the follower stops may go to it and never be answered (a put's existence check).
+func putBlobRetrying(t *testing.T, w *mirror.Writer, sha string, line []byte) {
+	t.Helper()
+	ctx := mirrortest.Ctx(t)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := w.PutBlob(pctx, sha, bytes.NewReader(line))
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("put %s: %v", sha, err)
+		}
+		t.Logf("put %s: %v; again", sha, err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"sort"
 	"strings"
@@ -547,16 +546,4 @@ func (r *Reader) Heads(ctx context.Context) ([]Head, error) {
 		return nil, fmt.Errorf("head %s: %w", list.Bad[0].Key, list.Bad[0].Err)
 	}
 	return list.Heads, nil
-}
-
-// Blob opens the payload of a blob line by its digest.
-func (r *Reader) Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error) {
-	res, err := r.blobs.Get(ctx, r.owner.ObjectName(sha256hex))
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("blob %s: %w", sha256hex, ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("blob %s: %w", sha256hex, err)
-	}
-	return res, nil
 }

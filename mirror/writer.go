@@ -96,12 +96,11 @@ func (w *Writer) chunksStored(ctx context.Context, info *jetstream.ObjectInfo) (
 	if info.Chunks == 0 {
 		return true, nil
 	}
-	subject := chunkSubject(w.names.BlobsBucket(), info.NUID)
-	counts, _, err := leaderCounts(ctx, w.js, objectStream(w.names.BlobsBucket()), subject)
+	held, err := leaderChunks(ctx, w.js, w.names.BlobsBucket(), info)
 	if err != nil {
-		return false, fmt.Errorf("count the chunks of %s: %w", info.Name, err)
+		return false, err
 	}
-	return counts[subject] == uint64(info.Chunks), nil
+	return held == uint64(info.Chunks), nil
 }
 
 // ErrBlobChanged is returned by PutBlob when the bytes it read do not have the digest

@@ -476,7 +476,7 @@ func (r *Recoverer) claim(path, key string) string {
 
 // resultOf classifies an error: a check that failed refuses, anything else fails.
 func resultOf(err error) Result {
-	if errors.Is(err, ErrDigest) || errors.Is(err, ErrUnsafePath) || errors.Is(err, ErrOutsideRoots) || errors.Is(err, ErrTargetChanged) {
+	if errors.Is(err, ErrDigest) || errors.Is(err, mirror.ErrBlobCorrupt) || errors.Is(err, ErrUnsafePath) || errors.Is(err, ErrOutsideRoots) || errors.Is(err, ErrTargetChanged) {
 		return Refused
 	}
 	return Failed
