@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -44,44 +43,19 @@ type liveResult struct {
 	others     float64         // % of the machine used by other processes
 }
 
-// ackRecorder wraps the publisher's JetStream context: each acknowledgement is
-// timestamped when it reaches the client, keyed by subject and ordinal, before it is
-// handed on to the publisher (one goroutine hop, microseconds).
+// ackRecorder timestamps each acknowledgement as it reaches the client, keyed by
+// subject and ordinal, before the publisher sees it (publisher.Options.Acked).
 type ackRecorder struct {
-	jetstream.JetStream
 	mu   sync.Mutex
 	acks map[string]time.Time
 }
 
-type recordedFuture struct {
-	jetstream.PubAckFuture
-	ok  chan *jetstream.PubAck
-	err chan error
-}
-
-func (f *recordedFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
-func (f *recordedFuture) Err() <-chan error            { return f.err }
-
-func (a *ackRecorder) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	fut, err := a.JetStream.PublishMsgAsync(m, opts...)
-	if err != nil {
-		return fut, err
-	}
+func (a *ackRecorder) acked(m *nats.Msg) {
+	now := time.Now()
 	key := m.Subject + "#" + m.Header.Get(mirror.HdrOrdinal)
-	rf := &recordedFuture{PubAckFuture: fut, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	go func() {
-		select {
-		case ack := <-fut.Ok():
-			now := time.Now()
-			a.mu.Lock()
-			a.acks[key] = now
-			a.mu.Unlock()
-			rf.ok <- ack
-		case err := <-fut.Err():
-			rf.err <- err
-		}
-	}()
-	return rf, nil
+	a.mu.Lock()
+	a.acks[key] = now
+	a.mu.Unlock()
 }
 
 func (a *ackRecorder) get(key string) (time.Time, bool) {
@@ -121,10 +95,7 @@ func runLive(tb testing.TB, cfg liveConfig) liveResult {
 	}
 	rec := &ackRecorder{acks: map[string]time.Time{}}
 	settle()
-	p := startPisync(tb, nc, root, *flagWindow, func(js jetstream.JetStream) jetstream.JetStream {
-		rec.JetStream = js
-		return rec
-	})
+	p := startPisync(tb, nc, root, *flagWindow, rec.acked)
 	p.waitMirrored(tb, initial, time.Minute)
 
 	// Lines are generated before the clock starts, so that the writer only writes.

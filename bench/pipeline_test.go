@@ -311,16 +311,14 @@ type pipeline struct {
 	closed bool
 }
 
-// startPisync mirrors the files under root into the JetStream at nc. wrap, if set,
-// wraps the JetStream context the publisher uses (the latency case records acks).
-func startPisync(tb testing.TB, nc *nats.Conn, root string, window int, wrap func(jetstream.JetStream) jetstream.JetStream) *pipeline {
+// startPisync mirrors the files under root into the JetStream at nc. acked, if set, is
+// called with each line's message as its acknowledgement arrives (the latency case
+// records acks).
+func startPisync(tb testing.TB, nc *nats.Conn, root string, window int, acked func(*nats.Msg)) *pipeline {
 	tb.Helper()
 	js, err := publisher.NewJetStream(nc, 10*time.Second, window)
 	if err != nil {
 		tb.Fatal(err)
-	}
-	if wrap != nil {
-		js = wrap(js)
 	}
 	store, _, err := checkpoint.Open(tb.TempDir(), nil)
 	if err != nil {
@@ -328,7 +326,7 @@ func startPisync(tb testing.TB, nc *nats.Conn, root string, window int, wrap fun
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	pub, err := publisher.New(ctx, publisher.Options{JS: js, Names: mirror.DefaultNames(), Owner: owner(tb),
-		Host: benchHost, Checkpoints: store, WindowMessages: window})
+		Host: benchHost, Checkpoints: store, WindowMessages: window, AckTimeout: 10 * time.Second, Acked: acked})
 	if err != nil {
 		cancel()
 		tb.Fatal(err)

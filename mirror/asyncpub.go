@@ -24,11 +24,6 @@ import (
 // no allocation of this type's once its Pending records are reused: one sweeper
 // goroutine keeps the deadlines, the acknowledgement is written into the record, and
 // waiters share one notification channel.
-//
-// The daemon does not use it yet: publishing case 10's messages through it costs 0.76–0.92
-// of PublishMsgAsync's CPU, 2–3.5 µs a line, below what was asked of it to replace
-// nats.go on the lines' path (docs/design-notes.md). Benchmarks measure it (case 10's
-// core side, BenchmarkAckTracking).
 type AsyncPublisher struct {
 	nc         *nats.Conn
 	prefix     string // reply subjects: prefix + token

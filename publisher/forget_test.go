@@ -341,7 +341,7 @@ func testOptions(t testing.TB, ctx context.Context, url string) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Options{JS: js, Names: names, Owner: owner, Host: "h1"}
+	return Options{JS: js, Names: names, Owner: owner, Host: "h1", AckTimeout: 5 * time.Second}
 }
 
 // startWatcher watches root for p; stop waits for the watcher to end.

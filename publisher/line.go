@@ -23,7 +23,7 @@ import (
 type pending struct {
 	st    *fileState
 	it    *item
-	fut   jetstream.PubAckFuture
+	ack   *mirror.Pending
 	epoch uint64 // the gate's epoch when it was sent
 }
 
@@ -249,7 +249,7 @@ func (p *Publisher) releaseSlot() {
 	p.m.inflight.Dec()
 }
 
-// send publishes it asynchronously and hands the future to the acknowledgement loop.
+// send publishes it asynchronously and hands its record to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
 	if it.msg == nil { // acknowledged meanwhile (a reconciliation found it in the mirror)
@@ -260,10 +260,10 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 		it.recycle = false // a second publish: the first may still be nats.go's to retry
 	}
 	msg := fence(st, it, !p.opts.Unfenced)
-	it.sent = true // from now on msg is nats.go's to read: a resend fenced otherwise copies it
+	it.sent = true // from now on msg is the async publisher's to read: a resend fenced otherwise copies it
 	st.mu.Unlock()
 	epoch := p.gate.current()
-	fut, err := p.opts.JS.PublishMsgAsync(msg)
+	rec, err := p.async.Publish(msg, p.ackReady)
 	st.mu.Lock()
 	if err != nil {
 		st.mu.Unlock()
@@ -277,14 +277,16 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	it.inFlight = true
 	st.mu.Unlock()
 	select {
-	case p.acks <- pending{st: st, it: it, fut: fut, epoch: epoch}:
+	case p.acks <- pending{st: st, it: it, ack: rec, epoch: epoch}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// collectAcks reads every future's result in publish order.
+// collectAcks reads every publish's result in publish order. Results are written into
+// their records by the async publisher, which signals ackReady as any of them is set:
+// one channel for all, not two per message.
 func (p *Publisher) collectAcks() {
 	defer p.wg.Done()
 	for {
@@ -294,15 +296,16 @@ func (p *Publisher) collectAcks() {
 			return
 		case pd = <-p.acks:
 		}
-		var ack *jetstream.PubAck
-		var err error
-		select {
-		case ack = <-pd.fut.Ok():
-		case err = <-pd.fut.Err():
-		case <-p.runCtx.Done():
-			return
+		for !pd.ack.Done() {
+			select {
+			case <-p.ackReady:
+			case <-p.runCtx.Done():
+				return
+			}
 		}
-		p.resolve(pd, ack, err)
+		ack, err, _ := pd.ack.Result()
+		p.async.Release(pd.ack)
+		p.resolve(pd, &ack, err)
 	}
 }
 

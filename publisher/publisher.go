@@ -27,7 +27,7 @@ import (
 
 // Options configure a Publisher.
 type Options struct {
-	JS          jetstream.JetStream // created with WithPublishAsyncTimeout (see NewJetStream)
+	JS          jetstream.JetStream // see NewJetStream; lines go out through its connection (mirror.AsyncPublisher)
 	Names       mirror.Names
 	Owner       mirror.Owner
 	Host        string
@@ -42,6 +42,11 @@ type Options struct {
 	CommitInterval time.Duration // checkpoint commits (default 200 ms)
 	HeadInterval   time.Duration // head updates (default 500 ms)
 	RetryMax       time.Duration // longest pause between retries (default 30 s)
+	AckTimeout     time.Duration // a line's publish fails without acknowledgement by then (default 10 s)
+
+	// Acked, if set, is called with each line's message as its acknowledgement arrives,
+	// before the publisher sees it (benchmarks timestamp acknowledgements with it).
+	Acked func(*nats.Msg)
 
 	// Reopen asks the watcher to open the file at path again as rewritten (nil: the
 	// file is reopened at its next line). The publisher calls it when another writer
@@ -56,9 +61,10 @@ type Options struct {
 	Unfenced bool
 }
 
-// NewJetStream is the JetStream context the publisher expects: acknowledgements time out
-// after ackTimeout, and the client's own pending limit sits above our window so that our
-// window, not a client stall, applies backpressure.
+// NewJetStream is the JetStream context for everything but the publishing of lines
+// (which the publisher does over its connection with mirror.AsyncPublisher): its own
+// asynchronous publishes time out after ackTimeout, and its pending limit sits above the
+// window.
 func NewJetStream(nc *nats.Conn, ackTimeout time.Duration, window int) (jetstream.JetStream, error) {
 	return jetstream.New(nc,
 		jetstream.WithPublishAsyncTimeout(ackTimeout),
@@ -72,16 +78,18 @@ type Publisher struct {
 	m      *Metrics
 	reader *mirror.Reader
 	writer *mirror.Writer
+	async  *mirror.AsyncPublisher // the lines' publishes and their acknowledgements
 
-	window  *semaphore.Weighted // bytes in flight
-	slots   *semaphore.Weighted // messages in flight
-	resyncs *semaphore.Weighted // reconciliations asking the mirror (maxResyncs)
-	back    connBack            // wakes the reconciliations waiting out an outage
-	acks    chan pending        // publish order
-	wg      sync.WaitGroup
-	runCtx  context.Context
-	cancel  context.CancelFunc
-	closing chan struct{}
+	ackReady chan struct{}       // a result of a line's publish was set (see collectAcks)
+	window   *semaphore.Weighted // bytes in flight
+	slots    *semaphore.Weighted // messages in flight
+	resyncs  *semaphore.Weighted // reconciliations asking the mirror (maxResyncs)
+	back     connBack            // wakes the reconciliations waiting out an outage
+	acks     chan pending        // publish order
+	wg       sync.WaitGroup
+	runCtx   context.Context
+	cancel   context.CancelFunc
+	closing  chan struct{}
 
 	quarantined quarantineList
 	gate        *gate // holds publishing back while the cluster has no room
@@ -136,6 +144,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 	setDefault(&opts.CommitInterval, 200*time.Millisecond)
 	setDefault(&opts.HeadInterval, 500*time.Millisecond)
 	setDefault(&opts.RetryMax, 30*time.Second)
+	setDefault(&opts.AckTimeout, 10*time.Second)
 	if nc := opts.JS.Conn(); nc != nil {
 		if t := clampThreshold(opts.BlobThreshold, nc.MaxPayload()); t != opts.BlobThreshold {
 			opts.Logger.Warn("blob threshold lowered below the server's max_payload: larger lines go to the object store",
@@ -154,8 +163,20 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	nc := opts.JS.Conn()
+	if nc == nil {
+		return nil, errors.New("publisher: the JetStream context has no connection")
+	}
+	// Its pending limit sits above the window, so that the window, not a stall, applies
+	// backpressure.
+	async, err := mirror.NewAsyncPublisher(nc, mirror.AsyncOptions{
+		AckTimeout: opts.AckTimeout, MaxPending: opts.WindowMessages + 256, Acked: opts.Acked})
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
 	p := &Publisher{
 		opts: opts, log: opts.Logger, m: opts.Metrics, reader: r, writer: w,
+		async: async, ackReady: make(chan struct{}, 1),
 		window:         semaphore.NewWeighted(opts.WindowBytes),
 		slots:          semaphore.NewWeighted(int64(opts.WindowMessages)),
 		resyncs:        semaphore.NewWeighted(maxResyncs),
@@ -207,6 +228,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 	close(p.closing)
 	p.cancel()
 	p.wg.Wait()
+	p.async.Close()
 	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := p.flush(fctx)

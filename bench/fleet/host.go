@@ -98,7 +98,7 @@ func (h *Host) start(ctx context.Context) (err error) {
 	}
 	h.pub, err = publisher.New(ctx, publisher.Options{
 		JS: js, Names: names, Owner: owner, Host: h.Name, Checkpoints: h.store,
-		Logger: h.log.Named("publisher"),
+		Logger: h.log.Named("publisher"), AckTimeout: h.ackWait,
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", h.Name, err)

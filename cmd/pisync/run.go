@@ -192,7 +192,7 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	d.pub, err = publisher.New(ctx, publisher.Options{
 		JS: js, Names: names, Owner: owner, Host: f.host, Checkpoints: d.store,
 		Logger: log.Named("publisher"), Metrics: pm,
-		WindowMessages: f.window, WindowBytes: f.windowBytes,
+		WindowMessages: f.window, WindowBytes: f.windowBytes, AckTimeout: f.ackTimeout,
 		BlobThreshold: f.blobThreshold, MaxLineBytes: f.maxLineBytes,
 		// Set before the watcher exists: the publisher calls it only once lines flow.
 		Reopen:   func(path string) bool { return d.watch != nil && d.watch.Reopen(path) },
