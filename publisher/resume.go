@@ -46,7 +46,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 				// holds less than the mirror, a new generation.
 				// (The whole-file comparison below tells those from lines the session
 				// store wrote.)
-				cmp, err := p.compareWithMirror(ctx, st.file.Path, st.acked.Offset, st.acked.Ordinal, held)
+				cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, st.acked.Offset, st.acked.Ordinal, held)
 				if err != nil {
 					return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 				}
@@ -87,7 +87,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	}
 	st.fenceSeq = nw.last
 	held := nw.window(st.conv, p.maxDisorder())
-	cmp, err := p.compareWithMirror(ctx, st.file.Path, 0, 0, held)
+	cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, 0, 0, held)
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
@@ -210,7 +210,13 @@ const (
 // with what the mirror holds there, byte for byte, by ordinal. It streams the file, and
 // reads held in ordinal order through a fresh window, so memory grows neither with line
 // size nor with the number of lines.
-func (p *Publisher) compareWithMirror(ctx context.Context, path string, off, from int64, held *heldWindow) (comparison, error) {
+//
+// Only the first size bytes count, the size the watcher found when it opened the file:
+// the watcher tells a later truncation from growth by that size, so a line accepted past
+// it could vanish unseen (torture T22: opened in the middle of an in-place rewrite of the
+// same lines, compared once the rewrite was done, then cut back to fewer lines, but not
+// below that size: read on as growth, every line held, the vanished ones kept).
+func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (comparison, error) {
 	if held == nil || held.top < from {
 		return sameLength, nil // nothing mirrored from there on to compare
 	}
@@ -224,7 +230,7 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, off, fro
 	}
 	defer f.Close()
 	ord := from // of the next line
-	_, err = session.ReadLines(io.NewSectionReader(f, off, 1<<62), func(l session.DigestedLine) error {
+	_, err = session.ReadLines(io.NewSectionReader(f, off, max(size-off, 0)), func(l session.DigestedLine) error {
 		if ord > w.top {
 			return errLonger
 		}

@@ -227,7 +227,7 @@ func TestCompareWithMirror(t *testing.T) {
 				}
 				w := nw.window(conv, tc.limit)
 				w.ahead = 0
-				got, err := p.compareWithMirror(ctx, path, 0, 0, w)
+				got, err := p.compareWithMirror(ctx, path, int64(len(tc.file)), 0, 0, w)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -123,7 +123,9 @@ type Sink interface {
 	// whose first line is torn is held until it completes), and again on
 	// Moved/Truncated/Replaced. Returning an error means: log, count, retry later (next
 	// event, rescan, or a backoff timer). A Start that does not fit the file (beyond its
-	// size, or not just after a newline) is treated like an error.
+	// size, or not just after a newline) is treated like an error. A sink that compares
+	// the file with what it delivered before judges its first f.Size bytes only: the
+	// watcher tells a later truncation from growth by that size (torture T22).
 	Open(ctx context.Context, f File, why OpenReason) (Start, error)
 	// Line delivers one complete line; blocking here is how the sink applies
 	// backpressure. Returning an error stops this file's tailing; it resumes from the
