@@ -1,6 +1,11 @@
 package publisher
 
-import "time"
+import (
+	"maps"
+	"time"
+
+	"github.com/pisync/pisync/watcher"
+)
 
 // RootProgress is how far the files under one root are mirrored.
 type RootProgress struct {
@@ -23,16 +28,40 @@ type Progress struct {
 	InFlight      int                      `json:"in_flight"`
 }
 
-// Progress computes the current progress per root.
+// Progress computes the current progress per root. A file whose Open is under way
+// (found, or reopened after a move or a rewrite) counts as pending under the root it is
+// opened at, its whole size as backlog: its state, if any, describes it as it was, and its
+// lines are compared with the mirror (and its head follows a move) only once the Open is
+// done (torture T23: an Open waiting on a request a server restart cut read as caught up).
 func (p *Publisher) Progress() Progress {
 	out := Progress{Roots: map[string]*RootProgress{}}
-	for _, st := range p.snapshotFiles() {
-		st.mu.Lock()
-		r := out.Roots[st.file.Root]
+	root := func(name string) *RootProgress {
+		r := out.Roots[name]
 		if r == nil {
 			r = &RootProgress{}
-			out.Roots[st.file.Root] = r
+			out.Roots[name] = r
 		}
+		return r
+	}
+	p.mu.Lock() // one snapshot of both: an Open that ends registers its state
+	opening := make(map[watcher.FileID]watcher.File, len(p.openingAt))
+	maps.Copy(opening, p.openingAt)
+	files := p.filesLocked()
+	p.mu.Unlock()
+	for _, f := range opening {
+		r := root(f.Root)
+		r.Sessions++
+		r.Pending++
+		r.Bytes += f.Size
+		r.BacklogBytes += f.Size
+	}
+	for _, st := range files {
+		st.mu.Lock()
+		if _, ok := opening[st.file.ID]; ok && !st.skipped && !st.gone {
+			st.mu.Unlock()
+			continue // counted above, as it is being opened
+		}
+		r := root(st.file.Root)
 		switch {
 		case st.skipped:
 			r.Skipped++
@@ -65,13 +94,8 @@ func (p *Publisher) Progress() Progress {
 		st.mu.Unlock()
 	}
 	p.mu.Lock()
-	for root, n := range p.forgotten {
-		r := out.Roots[root]
-		if r == nil {
-			r = &RootProgress{}
-			out.Roots[root] = r
-		}
-		r.Deleted += n
+	for name, n := range p.forgotten {
+		root(name).Deleted += n
 	}
 	p.mu.Unlock()
 	return out

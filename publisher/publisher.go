@@ -112,7 +112,7 @@ type Publisher struct {
 	clashesSeen map[string]bool
 	// Files inside Open: the keys they claimed are theirs before their state is registered.
 	opening   map[watcher.FileID]int
-	openingAt map[watcher.FileID]string // their paths, for log lines
+	openingAt map[watcher.FileID]watcher.File // the files as the watcher announced them (log lines, Progress)
 	// Deleted files are forgotten once their last state is recorded (see forgetGone), so
 	// that a daemon running for months holds no state for files removed long ago.
 	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
@@ -188,7 +188,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
 		byConv:     map[string]watcher.FileID{},
 		clashKeyed: map[string]int{}, clashesSeen: map[string]bool{},
-		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]string{},
+		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]watcher.File{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),
 		storeGens: map[string]int{},
@@ -340,6 +340,11 @@ func (p *Publisher) flush(ctx context.Context) error {
 func (p *Publisher) snapshotFiles() []*fileState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.filesLocked()
+}
+
+// filesLocked lists the files' states. The caller holds p.mu.
+func (p *Publisher) filesLocked() []*fileState {
 	out := make([]*fileState, 0, len(p.files))
 	for _, st := range p.files {
 		out = append(out, st)

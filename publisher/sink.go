@@ -366,7 +366,7 @@ func (p *Publisher) mirroredWithoutHead(ctx context.Context, c mirror.Conv, f wa
 func (p *Publisher) beginOpen(f watcher.File) {
 	p.mu.Lock()
 	p.opening[f.ID]++
-	p.openingAt[f.ID] = f.Path
+	p.openingAt[f.ID] = withoutHeader(f)
 	p.mu.Unlock()
 }
 
@@ -383,7 +383,7 @@ func (p *Publisher) endOpen(f watcher.File) {
 func (p *Publisher) openingPath(id watcher.FileID) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.openingAt[id]
+	return p.openingAt[id].Path
 }
 
 // retireReplaced forgets the file that used to be at f's path under another identity
