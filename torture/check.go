@@ -20,6 +20,7 @@ import (
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
 	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/verify"
 )
 
 // snapshot is every message of the owner's conversations, by key and generation.
@@ -82,10 +83,20 @@ func (r *run) headFaults(ctx context.Context, s *snapshot, pair map[*file]string
 		case h.Generation != s.newestGen(key) || h.LastOrdinal != int64(len(f.sf.Lines)-1) || h.Head != leaf.ID():
 			bad = append(bad, fmt.Sprintf("%s: head of %s says generation %d, last ordinal %d, leaf %q; the mirror has generation %d, %d lines, leaf %q",
 				f, key, h.Generation, h.LastOrdinal, h.Head, s.newestGen(key), len(f.sf.Lines), leaf.ID()))
+		case !headNames(h, f):
+			// A move changes none of the numbers above: only the path tells whether the
+			// head followed (the daemon writes it within its head interval once the
+			// file's Open at the new path is done). verify and recover --root go by it.
+			bad = append(bad, fmt.Sprintf("%s: head of %s names %s", f, key, rel(r.dir, filepath.Join(h.Root, filepath.FromSlash(h.Source)))))
 		}
 	}
 	sort.Strings(bad)
 	return strings.Join(bad, "\n")
+}
+
+// headNames reports whether h records f's path (its root and source).
+func headNames(h mirror.Head, f *file) bool {
+	return filepath.Join(h.Root, filepath.FromSlash(h.Source)) == f.sf.Path
 }
 
 // read reads the whole mirror of the owner once, blobs included.
@@ -179,7 +190,7 @@ func (r *run) match(s *snapshot, heads map[string]mirror.Head) (map[*file]string
 		}
 		names := func(key string) bool {
 			h, ok := heads[key]
-			return ok && filepath.Join(h.Root, filepath.FromSlash(h.Source)) == f.sf.Path
+			return ok && headNames(h, f)
 		}
 		sort.SliceStable(cands[f], func(i, j int) bool { return names(cands[f][i]) && !names(cands[f][j]) })
 		if len(cands[f]) == 0 {
@@ -476,11 +487,30 @@ func (r *run) recoverAll(pair map[*file]string) *Failure {
 // verifyDoc is the part of `verify --json` the harness reads.
 type verifyDoc struct {
 	Files []struct {
-		Path   string `json:"path"`
-		Result string `json:"result"`
-		Detail string `json:"detail"`
-		Error  string `json:"error"`
+		Path   string        `json:"path"`
+		Result string        `json:"result"`
+		Detail string        `json:"detail"`
+		Error  string        `json:"error"`
+		Drift  *verify.Drift `json:"drift"`
 	} `json:"files"`
+}
+
+// driftSummary says what a drift was found against (verify puts no detail or error on a
+// drift): the key whose head verify paired the file with, and how they differ.
+func driftSummary(d *verify.Drift) string {
+	if d == nil {
+		return ""
+	}
+	out := fmt.Sprintf("(compared with %s generation %d: %d local lines, %d mirrored, %d pending", d.Key, d.Generation,
+		d.LocalLines, d.MirrorLines, d.PendingLines)
+	for i, it := range d.Items {
+		if i == 5 {
+			out += fmt.Sprintf(", %d more", len(d.Items)-i)
+			break
+		}
+		out += fmt.Sprintf(", %s line %d mirror line %d", it.Kind, it.Line, it.MirrorLine)
+	}
+	return out + ")"
 }
 
 // verify runs `pisync verify`: no live file may be reported drifted or in error.
@@ -496,7 +526,7 @@ func (r *run) verify() *Failure {
 	var bad []string
 	for _, f := range doc.Files {
 		if f.Result == "drift" || f.Result == "error" || f.Result == "not-mirrored" {
-			bad = append(bad, fmt.Sprintf("%s %s %s %s", f.Result, rel(r.dir, f.Path), f.Detail, f.Error))
+			bad = append(bad, strings.TrimSpace(fmt.Sprintf("%s %s %s %s %s", f.Result, rel(r.dir, f.Path), f.Detail, f.Error, driftSummary(f.Drift))))
 		}
 	}
 	if len(bad) > 0 {

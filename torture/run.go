@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -32,6 +33,7 @@ type Config struct {
 	Deadline     time.Time      // stop starting operations after this (zero: none)
 	Settings     *Settings      // instead of drawing them from the seed
 	LogTag       string         // added to the name of the directory a failure's logs go to
+	LogLevel     string         // the daemon's --log-level ("": info)
 }
 
 // Failure is a violated guarantee.
@@ -135,7 +137,7 @@ func Run(t testing.TB, cfg Config) *Result {
 	r.d = &daemon{bin: cfg.Bin, logPath: filepath.Join(dir, "daemon.log"),
 		http: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)),
 		args: []string{"run", "--nats", r.nats.url(), "--root", r.fs.roots[0], "--root", r.fs.roots[1],
-			"--state-dir", filepath.Join(dir, "state"), "--tenant", tenant, "--owner", owner, "--log-level", "info",
+			"--state-dir", filepath.Join(dir, "state"), "--tenant", tenant, "--owner", owner, "--log-level", cmp.Or(cfg.LogLevel, "info"),
 			"--replicas", replicas, "--duplicate-window", set.DupWindow.String(), "--ack-timeout", set.AckTimeout.String(),
 			"--blob-threshold", fmt.Sprint(set.BlobThreshold), "--verify-interval", set.VerifyInterval.String(),
 			"--drain-timeout", "10s", "--connect-timeout", "60s"}}
@@ -157,9 +159,10 @@ func Run(t testing.TB, cfg Config) *Result {
 		if !cfg.Deadline.IsZero() && time.Now().After(cfg.Deadline) && op.Kind != Check {
 			continue
 		}
+		began := time.Now().UTC()
 		desc, fail := r.apply(op)
 		r.res.Executed = append(r.res.Executed, op.Index)
-		r.res.Log = append(r.res.Log, fmt.Sprintf("%4d %-17s %s", op.Index, op.Kind, desc))
+		r.res.Log = append(r.res.Log, fmt.Sprintf("%4d %-17s %s [%s]", op.Index, op.Kind, desc, began.Format("15:04:05.000")))
 		r.res.Kinds[op.Kind]++
 		if fail != nil {
 			fail.Op = op.Index

@@ -21,6 +21,7 @@ var (
 	shrinkFlag   = flag.Int("torture.shrink", 8, "hunt: runs spent shrinking a failing schedule")
 	smallFlag    = flag.Bool("torture.small-payload", true, "allow a server max_payload below the blob threshold")
 	recordFlag   = flag.String("torture.record", "", "hunt: append one line per seed to this file")
+	logLevelFlag = flag.String("torture.log-level", "info", "the daemon's --log-level (debug: each file's Open, moves, removals)")
 )
 
 // ciSeeds are the seeds CI runs, each for ciOps operations: together well under a minute.
@@ -51,7 +52,7 @@ func TestTorture(t *testing.T) {
 		}
 	}
 	base := Config{Ops: *lenFlag, Keep: keep, Exclude: exclude, Cluster: *clusterFlag, SmallPayload: *smallFlag,
-		Bin: bin, Slow: *slowFlag, Progress: os.Stderr}
+		Bin: bin, Slow: *slowFlag, Progress: os.Stderr, LogLevel: *logLevelFlag}
 	switch {
 	case *seedFlag != 0:
 		cfg := base
