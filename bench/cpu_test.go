@@ -2,11 +2,15 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +52,11 @@ func BenchmarkCPUPerLine(b *testing.B) {
 		b.ReportMetric(r.raw.Seconds()/r.pisync.Seconds(), "ratio")
 		b.ReportMetric(mb(r.peakRSS), "peak-rss-MB")
 		b.ReportMetric(r.others, "others-cpu-%")
+		b.ReportMetric(r.pisyncServerCPU.Seconds()/lines*1e6, "server-cpu-us/line")
+		b.ReportMetric(r.rawServerCPU.Seconds()/lines*1e6, "raw-server-cpu-us/line")
+		b.ReportMetric(lines/float64(max(r.pisyncServerReads, 1)), "server-lines/read")
+		b.ReportMetric(lines/float64(max(r.rawServerReads, 1)), "raw-server-lines/read")
+		b.ReportMetric(float64(r.pisyncAPI), "api-requests")
 		if *flagTelegrafBin != "" {
 			b.ReportMetric(r.telegrafCPU.Seconds()/lines*1e5, "telegraf-cpu-s/100k-lines")
 			b.ReportMetric(r.telegrafCPU.Seconds()/lines*1e6, "telegraf-cpu-us/line")
@@ -55,6 +64,8 @@ func BenchmarkCPUPerLine(b *testing.B) {
 			b.ReportMetric(mb(r.telegrafRSS), "telegraf-peak-rss-MB")
 			b.ReportMetric(r.pisyncCPU.Seconds()/r.telegrafCPU.Seconds(), "pisync/telegraf-cpu")
 			b.ReportMetric(r.pisync.Seconds()/r.telegraf.Seconds(), "pisync/telegraf-s")
+			b.ReportMetric(r.telegrafServerCPU.Seconds()/lines*1e6, "telegraf-server-cpu-us/line")
+			b.ReportMetric(lines/float64(max(r.telegrafReads, 1)), "telegraf-server-lines/read")
 		}
 		reportWorkload(b, w)
 	}
@@ -69,8 +80,14 @@ var (
 type cpuResult struct {
 	pisync, raw, core, telegraf             time.Duration // wall time until every line is acknowledged
 	pisyncCPU, rawCPU, coreCPU, telegrafCPU time.Duration
-	peakRSS, telegrafRSS                    int64
-	others                                  float64
+	// The nats-server's CPU time while it stored each side's messages: what a side's
+	// messages cost the server, and why a side that is cheaper on the client can still
+	// finish later on a machine whose cores are all busy.
+	pisyncServerCPU, rawServerCPU, telegrafServerCPU time.Duration
+	pisyncServerReads, rawServerReads, telegrafReads int64 // the server's read calls
+	pisyncAPI                                        int64 // JetStream API requests the daemon made
+	peakRSS, telegrafRSS                             int64
+	others                                           float64
 }
 
 var cpuRuns int // to rotate which side goes first
@@ -84,17 +101,18 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	cpuRuns++
 	var r cpuResult
 	var children time.Duration
-	raw := func(publish rawPublisher, wall, cpu *time.Duration) func() {
+	raw := func(publish rawPublisher, wall, cpu, server *time.Duration, reads *int64) func() {
 		return func() {
-			var server time.Duration
-			*wall, *cpu, server = rawSide(tb, w, publish)
-			children += server
+			*wall, *cpu, *server, *reads = rawSide(tb, w, publish)
+			children += *server
 		}
 	}
+	var coreServerCPU time.Duration
+	var coreServerReads int64
 	sides := []func(){
-		raw(rawPublish, &r.raw, &r.rawCPU),
+		raw(rawPublish, &r.raw, &r.rawCPU, &r.rawServerCPU, &r.rawServerReads),
 		// Over core NATS, acknowledgements tracked by mirror.AsyncPublisher.
-		raw(rawCorePublish, &r.core, &r.coreCPU),
+		raw(rawCorePublish, &r.core, &r.coreCPU, &coreServerCPU, &coreServerReads),
 		func() { // pisync: the daemon's rusage, from start to exit
 			t := standaloneTarget(tb, "1MB")
 			defer t.close()
@@ -110,7 +128,9 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			nc := t.connect(tb)
 			defer nc.Close()
 			checkStored(tb, nc, w)
-			children += r.pisyncCPU + t.serverCPU()
+			r.pisyncServerReads, r.pisyncAPI = t.serverReads(), t.serverAPI()
+			r.pisyncServerCPU = t.serverCPU()
+			children += r.pisyncCPU + r.pisyncServerCPU
 		},
 	}
 	if *flagTelegrafBin != "" {
@@ -120,7 +140,9 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			defer t.close()
 			settle()
 			runTelegraf(tb, t, w, &r)
-			children += r.telegrafCPU + t.serverCPU()
+			r.telegrafReads = t.serverReads()
+			r.telegrafServerCPU = t.serverCPU()
+			children += r.telegrafCPU + r.telegrafServerCPU
 		})
 	}
 	first := (cpuRuns - 1) % len(sides)
@@ -138,7 +160,7 @@ type rawPublisher func(tb testing.TB, nc *nats.Conn, w *workload, window int)
 
 // rawSide publishes w with publish into a fresh standalone server: wall and CPU time of
 // this process while it publishes, and the server's CPU time.
-func rawSide(tb testing.TB, w *workload, publish rawPublisher) (wall, cpu, server time.Duration) {
+func rawSide(tb testing.TB, w *workload, publish rawPublisher) (wall, cpu, server time.Duration, reads int64) {
 	tb.Helper()
 	t := standaloneTarget(tb, "1MB")
 	defer t.close()
@@ -149,7 +171,46 @@ func rawSide(tb testing.TB, w *workload, publish rawPublisher) (wall, cpu, serve
 	publish(tb, nc, w, *flagWindow)
 	wall, cpu = time.Since(start), selfCPU()-c0
 	checkStored(tb, nc, w)
-	return wall, cpu, t.serverCPU()
+	reads = t.serverReads()
+	return wall, cpu, t.serverCPU(), reads
+}
+
+// apiRequests is the count of JetStream API requests the server on monitoring port
+// port has served, 0 if unknown.
+func apiRequests(port int) int64 {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/varz", port))
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var v struct {
+		JetStream struct {
+			Stats struct {
+				API struct {
+					Total int64 `json:"total"`
+				} `json:"api"`
+			} `json:"stats"`
+		} `json:"jetstream"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&v) != nil {
+		return 0
+	}
+	return v.JetStream.Stats.API.Total
+}
+
+// readSyscalls is the count of read system calls of process pid so far, 0 if unknown.
+func readSyscalls(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 var ackTrackingRuns int // to alternate which side goes first, over -count too
@@ -164,8 +225,8 @@ func BenchmarkAckTracking(b *testing.B) {
 	for range b.N {
 		ackTrackingRuns++
 		sides := []func(){
-			func() { _, c, _ := rawSide(b, w, rawPublish); natsgo += c },
-			func() { _, c, _ := rawSide(b, w, rawCorePublish); core += c },
+			func() { _, c, _, _ := rawSide(b, w, rawPublish); natsgo += c },
+			func() { _, c, _, _ := rawSide(b, w, rawCorePublish); core += c },
 		}
 		if ackTrackingRuns%2 == 0 {
 			sides[0], sides[1] = sides[1], sides[0]
@@ -239,10 +300,10 @@ func startChild(tb testing.TB, cmd *exec.Cmd) (exited <-chan struct{}, stop func
 func standaloneTarget(tb testing.TB, maxPayload string) *target {
 	tb.Helper()
 	dir := tb.TempDir()
-	port := natstest.FreePort(tb)
+	port, monitor := natstest.FreePort(tb), natstest.FreePort(tb)
 	conf := filepath.Join(dir, "nats.conf")
 	store := filepath.Join(dir, "js")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nmax_payload: %s\njetstream { store_dir: %q }\n", port, maxPayload, store), 0o644); err != nil {
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\nmax_payload: %s\njetstream { store_dir: %q }\n", port, monitor, maxPayload, store), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	cmd := exec.Command(natsServerBinary(tb), "-c", conf)
@@ -250,7 +311,9 @@ func standaloneTarget(tb testing.TB, maxPayload string) *target {
 	stop := func() { stopChild() }
 	tb.Cleanup(stop)
 	t := &target{url: fmt.Sprintf("nats://127.0.0.1:%d", port), replicas: 1, stop: stop, storeDir: []string{store},
-		serverCPU: func() time.Duration { stop(); return rusageCPU(tb, cmd.ProcessState) }}
+		serverCPU:   func() time.Duration { stop(); return rusageCPU(tb, cmd.ProcessState) },
+		serverReads: func() int64 { return readSyscalls(cmd.Process.Pid) },
+		serverAPI:   func() int64 { return apiRequests(monitor) }}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		nc, err := nats.Connect(t.url)

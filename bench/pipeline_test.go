@@ -45,6 +45,12 @@ type target struct {
 	storeDir []string
 	// serverCPU, for a server in a child process, stops it and returns its CPU time.
 	serverCPU func() time.Duration
+	// serverReads, for a server in a child process, counts its read system calls so far
+	// (/proc/<pid>/io): how finely a side's messages reach it.
+	serverReads func() int64
+	// serverAPI, for a server in a child process, counts the JetStream API requests it
+	// has served so far (its monitoring endpoint's /varz).
+	serverAPI func() int64
 }
 
 // newTarget starts a fresh embedded JetStream server (replicas 1) or a 3-node cluster
