@@ -228,6 +228,18 @@ func (d *daemon) term(timeout time.Duration) error {
 		}
 		break
 	}
+	select {
+	case <-d.exited:
+		if d.startupFailed() {
+			// It failed to start before any signal was sent (seed 820403348502: a node
+			// down, the stream's lookup timed out): a failed start, which the supervisor
+			// answers with a restart, not a shutdown that went wrong.
+			d.restarts++
+			d.cmd = nil
+			return nil
+		}
+	default:
+	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.exited:
