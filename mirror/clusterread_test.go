@@ -40,9 +40,7 @@ func newLaggingCluster(t *testing.T) *laggingCluster {
 	}
 	ctx := mirrortest.Ctx(t)
 	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	mirrortest.Provision(t, ctx, js, names, mirror.Config{Replicas: 3})
 	owner, err := mirror.NewOwner("t1", "alice")
 	if err != nil {
 		t.Fatal(err)

@@ -37,9 +37,7 @@ func TestResumeFromLaggingReplicaResendsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	mirrortest.Provision(t, ctx, js, names, mirror.Config{Replicas: 3})
 	root, stateDir := t.TempDir(), t.TempDir()
 	f := sessiontest.New(rand.New(rand.NewPCG(10, 10)), root, "/home/dev/p", sessiontest.CLIV3)
 	lines := [][]byte{f.HeaderLine("/home/dev/p")}

@@ -33,9 +33,7 @@ func TestOpenReadsWhatTheLeaderAcknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	mirrortest.Provision(t, ctx, js, names, mirror.Config{Replicas: 3})
 	mirrortest.FillStream(t, ctx, js, names, 20_000)
 	o, err := mirror.NewOwner("t1", "alice")
 	if err != nil {
@@ -71,7 +69,13 @@ func TestOpenReadsWhatTheLeaderAcknowledged(t *testing.T) {
 			for i := range n {
 				eid := fmt.Sprintf("r%dx%06d", round, len(want))
 				l := entryLine(eid, head, fmt.Sprintf("entry %d of round %d", i, round))
-				if _, ae := writer.Append(ctx, o, id, head, []byte(l)); ae != nil {
+				// "unavailable" asks the client to retry (the protocol's contract): with a
+				// node just stopped, JetStream may not answer within an append's passes.
+				_, ae := writer.Append(ctx, o, id, head, []byte(l))
+				for retry := 0; ae != nil && ae.Code == store.CodeUnavailable && retry < 5; retry++ {
+					_, ae = writer.Append(ctx, o, id, head, []byte(l))
+				}
+				if ae != nil {
 					t.Fatalf("append %d to %s: %v", len(want), id, ae)
 				}
 				head, want = eid, append(want, l)

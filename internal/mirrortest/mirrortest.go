@@ -8,11 +8,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/internal/natstest"
@@ -159,6 +161,35 @@ func New(t *testing.T) *Mirror {
 	return For(t, srv.URL(), "t1", "alice")
 }
 
+// Provision provisions the mirror for a test, asking again where a cluster under load
+// answers late or not yet: each ask has 10 s (right after a node came back a reply can be
+// lost, and one lost reply must not wait out the test's context), and "no suitable peers
+// for placement" (a peer the meta leader has not heard from yet) is asked again too, for
+// up to a minute in all.
+func Provision(t testing.TB, ctx context.Context, js jetstream.JetStream, names mirror.Names, cfg mirror.Config) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := mirror.Provision(pctx, js, names, cfg)
+		cancel()
+		if err == nil {
+			return
+		}
+		var apiErr *jetstream.APIError
+		retry := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+			errors.As(err, &apiErr) && apiErr.ErrorCode == noSuitablePeers
+		if !retry || ctx.Err() != nil || time.Now().After(deadline) {
+			t.Fatalf("provision the mirror: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // the peer's next heartbeat
+	}
+}
+
+// noSuitablePeers is nats-server's JSClusterNoPeersErrF ("no suitable peers for
+// placement"), which nats.go has no constant for.
+const noSuitablePeers = 10005
+
 // For provisions the mirror on the server at url (if needed) and binds it to an owner.
 func For(t *testing.T, url, tenant, owner string) *Mirror {
 	t.Helper()
@@ -169,9 +200,7 @@ func For(t *testing.T, url, tenant, owner string) *Mirror {
 	}
 	ctx := Ctx(t)
 	names := mirror.DefaultNames()
-	if err := mirror.Provision(ctx, js, names, mirror.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	Provision(t, ctx, js, names, mirror.Config{})
 	o, err := mirror.NewOwner(tenant, owner)
 	if err != nil {
 		t.Fatal(err)
