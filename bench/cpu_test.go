@@ -54,6 +54,9 @@ func BenchmarkCPUPerLine(b *testing.B) {
 		b.ReportMetric(r.others, "others-cpu-%")
 		b.ReportMetric(r.pisyncServerCPU.Seconds()/lines*1e6, "server-cpu-us/line")
 		b.ReportMetric(r.rawServerCPU.Seconds()/lines*1e6, "raw-server-cpu-us/line")
+		b.ReportMetric(r.coreServerCPU.Seconds()/lines*1e6, "core-server-cpu-us/line")
+		b.ReportMetric(mb(r.pisyncServerPeak), "server-peak-rss-MB")
+		b.ReportMetric(mb(r.rawServerPeak), "raw-server-peak-rss-MB")
 		b.ReportMetric(lines/float64(max(r.pisyncServerReads, 1)), "server-lines/read")
 		b.ReportMetric(lines/float64(max(r.rawServerReads, 1)), "raw-server-lines/read")
 		b.ReportMetric(float64(r.pisyncAPI), "api-requests")
@@ -83,11 +86,12 @@ type cpuResult struct {
 	// The nats-server's CPU time while it stored each side's messages: what a side's
 	// messages cost the server, and why a side that is cheaper on the client can still
 	// finish later on a machine whose cores are all busy.
-	pisyncServerCPU, rawServerCPU, telegrafServerCPU time.Duration
-	pisyncServerReads, rawServerReads, telegrafReads int64 // the server's read calls
-	pisyncAPI                                        int64 // JetStream API requests the daemon made
-	peakRSS, telegrafRSS                             int64
-	others                                           float64
+	pisyncServerCPU, rawServerCPU, coreServerCPU, telegrafServerCPU time.Duration
+	pisyncServerReads, rawServerReads, telegrafReads                int64 // the server's read calls
+	pisyncServerPeak, rawServerPeak                                 int64 // the server's peak RSS
+	pisyncAPI                                                       int64 // JetStream API requests the daemon made
+	peakRSS, telegrafRSS                                            int64
+	others                                                          float64
 }
 
 var cpuRuns int // to rotate which side goes first
@@ -101,22 +105,22 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	cpuRuns++
 	var r cpuResult
 	var children time.Duration
-	raw := func(publish rawPublisher, wall, cpu, server *time.Duration, reads *int64) func() {
+	raw := func(side string, publish rawPublisher, into *rawResult) func() {
 		return func() {
-			*wall, *cpu, *server, *reads = rawSide(tb, w, publish)
-			children += *server
+			*into = rawSide(tb, w, side, publish)
+			children += into.server
 		}
 	}
-	var coreServerCPU time.Duration
-	var coreServerReads int64
+	var rawRes, coreRes rawResult
 	sides := []func(){
-		raw(rawPublish, &r.raw, &r.rawCPU, &r.rawServerCPU, &r.rawServerReads),
+		raw("raw", rawPublish, &rawRes),
 		// Over core NATS, acknowledgements tracked by mirror.AsyncPublisher.
-		raw(rawCorePublish, &r.core, &r.coreCPU, &coreServerCPU, &coreServerReads),
+		raw("core", rawCorePublish, &coreRes),
 		func() { // pisync: the daemon's rusage, from start to exit
 			t := standaloneTarget(tb, "1MB")
 			defer t.close()
 			settle()
+			stopProfile := serverProfile(tb, t.profPort, "pisync")
 			start := time.Now()
 			d := startDaemon(tb, t.url, w.root)
 			waitProfile := d.profile(tb, "cpu-per-line", 20*time.Second)
@@ -124,11 +128,12 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			waitProfile()
 			r.pisync, r.peakRSS = run.mirrored, run.peakRSS
 			d.stop(tb)
+			stopProfile()
 			r.pisyncCPU = rusageCPU(tb, d.cmd.ProcessState)
 			nc := t.connect(tb)
 			defer nc.Close()
 			checkStored(tb, nc, w)
-			r.pisyncServerReads, r.pisyncAPI = t.serverReads(), t.serverAPI()
+			r.pisyncServerReads, r.pisyncAPI, r.pisyncServerPeak = t.serverReads(), t.serverAPI(), t.serverPeak()
 			r.pisyncServerCPU = t.serverCPU()
 			children += r.pisyncCPU + r.pisyncServerCPU
 		},
@@ -139,7 +144,9 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			t := standaloneTarget(tb, "8MB")
 			defer t.close()
 			settle()
+			stopProfile := serverProfile(tb, t.profPort, "telegraf")
 			runTelegraf(tb, t, w, &r)
+			stopProfile()
 			r.telegrafReads = t.serverReads()
 			r.telegrafServerCPU = t.serverCPU()
 			children += r.telegrafCPU + r.telegrafServerCPU
@@ -151,6 +158,8 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 	for _, side := range sides {
 		side()
 	}
+	r.raw, r.rawCPU, r.rawServerCPU, r.rawServerReads, r.rawServerPeak = rawRes.wall, rawRes.cpu, rawRes.server, rawRes.reads, rawRes.serverPeak
+	r.core, r.coreCPU, r.coreServerCPU = coreRes.wall, coreRes.cpu, coreRes.server
 	r.others = load.othersPercent(children)
 	return r
 }
@@ -158,21 +167,31 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 // rawPublisher publishes every line of a workload (rawPublish, rawCorePublish).
 type rawPublisher func(tb testing.TB, nc *nats.Conn, w *workload, window int)
 
-// rawSide publishes w with publish into a fresh standalone server: wall and CPU time of
-// this process while it publishes, and the server's CPU time.
-func rawSide(tb testing.TB, w *workload, publish rawPublisher) (wall, cpu, server time.Duration, reads int64) {
+// rawResult is what rawSide measures: wall and CPU time of this process while it
+// publishes, the server's CPU time, read calls and peak RSS.
+type rawResult struct {
+	wall, cpu, server time.Duration
+	reads, serverPeak int64
+}
+
+// rawSide publishes w with publish into a fresh standalone server. side names the
+// server's profile (-server-profile).
+func rawSide(tb testing.TB, w *workload, side string, publish rawPublisher) (r rawResult) {
 	tb.Helper()
 	t := standaloneTarget(tb, "1MB")
 	defer t.close()
 	nc := t.connect(tb)
 	defer nc.Close()
 	settle()
+	stopProfile := serverProfile(tb, t.profPort, side)
 	c0, start := selfCPU(), time.Now()
 	publish(tb, nc, w, *flagWindow)
-	wall, cpu = time.Since(start), selfCPU()-c0
+	r.wall, r.cpu = time.Since(start), selfCPU()-c0
+	stopProfile()
 	checkStored(tb, nc, w)
-	reads = t.serverReads()
-	return wall, cpu, t.serverCPU(), reads
+	r.reads, r.serverPeak = t.serverReads(), t.serverPeak()
+	r.server = t.serverCPU()
+	return r
 }
 
 // apiRequests is the count of JetStream API requests the server on monitoring port
@@ -225,8 +244,8 @@ func BenchmarkAckTracking(b *testing.B) {
 	for range b.N {
 		ackTrackingRuns++
 		sides := []func(){
-			func() { _, c, _, _ := rawSide(b, w, rawPublish); natsgo += c },
-			func() { _, c, _, _ := rawSide(b, w, rawCorePublish); core += c },
+			func() { natsgo += rawSide(b, w, "raw", rawPublish).cpu },
+			func() { core += rawSide(b, w, "core", rawCorePublish).cpu },
 		}
 		if ackTrackingRuns%2 == 0 {
 			sides[0], sides[1] = sides[1], sides[0]
@@ -303,7 +322,13 @@ func standaloneTarget(tb testing.TB, maxPayload string) *target {
 	port, monitor := natstest.FreePort(tb), natstest.FreePort(tb)
 	conf := filepath.Join(dir, "nats.conf")
 	store := filepath.Join(dir, "js")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\nmax_payload: %s\njetstream { store_dir: %q }\n", port, monitor, maxPayload, store), 0o644); err != nil {
+	text := fmt.Appendf(nil, "listen: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\nmax_payload: %s\njetstream { store_dir: %q }\n", port, monitor, maxPayload, store)
+	profPort := 0
+	if *flagServerProfile != "" {
+		profPort = natstest.FreePort(tb)
+		text = fmt.Appendf(text, "prof_port: %d\n", profPort)
+	}
+	if err := os.WriteFile(conf, text, 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	cmd := exec.Command(natsServerBinary(tb), "-c", conf)
@@ -313,7 +338,8 @@ func standaloneTarget(tb testing.TB, maxPayload string) *target {
 	t := &target{url: fmt.Sprintf("nats://127.0.0.1:%d", port), replicas: 1, stop: stop, storeDir: []string{store},
 		serverCPU:   func() time.Duration { stop(); return rusageCPU(tb, cmd.ProcessState) },
 		serverReads: func() int64 { return readSyscalls(cmd.Process.Pid) },
-		serverAPI:   func() int64 { return apiRequests(monitor) }}
+		serverPeak:  func() int64 { st, _ := pidStat(cmd.Process.Pid); return st.hwm },
+		serverAPI:   func() int64 { return apiRequests(monitor) }, profPort: profPort}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		nc, err := nats.Connect(t.url)

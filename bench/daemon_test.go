@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -183,16 +182,7 @@ func (d *daemonProc) stop(tb testing.TB) {
 var scrapeClient = &http.Client{Transport: &http.Transport{DisableCompression: true}}
 
 func (d *daemonProc) get(path string) ([]byte, error) {
-	resp, err := scrapeClient.Get("http://" + d.addr + path)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return b, err
+	return httpGet(scrapeClient, "http://"+d.addr+path)
 }
 
 // metrics scrapes /metrics and sums the series of each family asked for whose labels

@@ -51,6 +51,10 @@ type target struct {
 	// serverAPI, for a server in a child process, counts the JetStream API requests it
 	// has served so far (its monitoring endpoint's /varz).
 	serverAPI func() int64
+	// serverPeak, for a server in a child process, is its peak RSS so far (VmHWM).
+	serverPeak func() int64
+	// profPort, for a server in a child process under -server-profile, is its pprof port.
+	profPort int
 }
 
 // newTarget starts a fresh embedded JetStream server (replicas 1) or a 3-node cluster
