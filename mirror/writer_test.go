@@ -12,6 +12,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -237,8 +238,13 @@ func blobLine(i int) ([]byte, string) {
 // left unreadable is not.
 func putBlobAsTheDaemon(t *testing.T, w *mirror.Writer, sha string, line []byte, r io.Reader, before func() error) {
 	t.Helper()
+	// Each put has its own 15 s, as the daemon's requests have theirs: a reply lost
+	// across a leader change must fail that put, not wait out the test's context (CI:
+	// "chunk 0 …: context deadline exceeded" after 66 s, the second put left no time).
 	ctx := mirrortest.Ctx(t)
-	_, err := w.PutBlob(ctx, sha, r)
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_, err := w.PutBlob(pctx, sha, r)
+	cancel()
 	if err == nil {
 		return
 	}
@@ -248,9 +254,7 @@ func putBlobAsTheDaemon(t *testing.T, w *mirror.Writer, sha string, line []byte,
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.PutBlob(ctx, sha, bytes.NewReader(line)); err != nil {
-		t.Fatal(err)
-	}
+	putBlobRetrying(t, w, sha, line)
 }
 
 // readBlob reads a blob whole.
