@@ -357,6 +357,15 @@ func TestReplacementKeepsKeyOfReplacedFile(t *testing.T) {
 	if clashKey == orig.ID {
 		t.Fatalf("the copy mirrors under the plain id %s, want its clash key", clashKey)
 	}
+	// The watcher remembers the deleted original's inode for MoveGrace. The replacement
+	// can get that inode number (ext4 reuses freed inodes), and then, its lines beginning
+	// with the original's, it is the original moved over the copy and grown: a move keeps
+	// its own key, the plain id. Not the case under test: once the removal is reported,
+	// the inode number means a new file.
+	waitUntil(t, "the original reported removed", func() bool {
+		pr := p.Progress().Roots[root]
+		return pr != nil && pr.Deleted == 1
+	})
 	// Replaced by an atomic rename, one line longer.
 	lines := append(append([][]byte(nil), cp.Lines...), cp.Entry(250))
 	replaceFile(t, moved, lines)
