@@ -352,6 +352,7 @@ func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
 		it.recycle = false
 	}
 	it.done, it.seq, it.msg = true, ack.Sequence, nil
+	st.ownAck = true
 	st.retry = nil // publishing works again: the next failure starts a fresh backoff
 	p.settle(st, it)
 	if ack.Duplicate {
@@ -592,6 +593,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	p.gate.answered()
 	st.mu.Lock()
 	st.fenceSeq = max(st.fenceSeq, last)
+	st.ownAck = false // the first line resent is fenced on what the mirror just said
 	if foreign(st, held) {
 		p.takeOver(st) // unlocks st.mu
 		p.endResync(st)

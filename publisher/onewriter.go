@@ -34,6 +34,14 @@ import (
 // back-fill costs and halve its speed (bench/RESULTS.md, CPU per line). A store append
 // landing between two of them is not excluded; the runbook's cut-over precondition (the
 // owner's files verified identical, so no back-fill is left) is what keeps it away.
+// So the back-fill is fenced once: on the first line sent after the file was opened (or
+// reconciled), not again each time its queue drains while the watcher reads on. A fence
+// costs the server more than its check: it reads the subject's last message, and a read
+// of the block being written makes nats-server's file store keep that block's 8 MB write
+// cache for its 10 s expiry once the block is full, instead of reusing the buffer for the
+// next block. A back-fill fenced each time its queue drained (one line in about 1,200)
+// made the server spend 38–68 µs a line instead of 26–32 and peak at 440–560 MB instead
+// of 110 (bench/RESULTS.md, issue 15, the server's CPU a line).
 
 // storeGenOf returns the generation the session store writes for key, as far as this
 // daemon has learnt (0: none).
@@ -55,7 +63,9 @@ func (p *Publisher) noteStoreGen(st *fileState, gen int) {
 
 // fence returns it's message as it is to be sent now: fenced (on) or not; the caller
 // holds st.mu. Only the first unresolved line of a file is fenced: the sequence the ones
-// behind it must follow is not known until it is acknowledged.
+// behind it must follow is not known until it is acknowledged. Of a back-fill's lines
+// (not live) only those sent before any line of the file was acknowledged since it was
+// opened or reconciled (st.ownAck): the back-fill is fenced once (above).
 //
 // A message once handed to nats.go is never changed: nats.go may still encode it (its own
 // retry after "no responders") while a reconciliation resends the line, fenced otherwise.
@@ -66,7 +76,8 @@ func fence(st *fileState, it *item, on bool) *nats.Msg {
 		return nil
 	}
 	want := ""
-	if seq := max(st.acked.StreamSeq, st.fenceSeq); on && len(st.queue) > 0 && st.queue[0] == it && seq != 0 {
+	if seq := max(st.acked.StreamSeq, st.fenceSeq); on && len(st.queue) > 0 && st.queue[0] == it && seq != 0 &&
+		(st.live(it) || !st.ownAck) {
 		want = strconv.FormatUint(seq, 10)
 	}
 	const key = jetstream.ExpectedLastSubjSeqHeader

@@ -34,10 +34,11 @@ type cutOver struct {
 	store  *store.Store
 	reader *mirror.Reader
 
-	cp   *checkpoint.Store
-	pub  *Publisher
-	stop func()
-	n    int // store entries appended so far
+	cp     *checkpoint.Store
+	pub    *Publisher
+	stop   func()
+	n      int // store entries appended so far
+	window int // the daemon's WindowMessages (0: the default)
 }
 
 func newCutOver(t *testing.T, seed uint64) *cutOver {
@@ -76,6 +77,9 @@ func (c *cutOver) startDaemon() {
 	opts := testOptions(c.t, c.ctx, c.url)
 	opts.Checkpoints = c.cp
 	opts.CommitInterval, opts.HeadInterval = 20*time.Millisecond, 20*time.Millisecond
+	if c.window > 0 {
+		opts.WindowMessages = c.window
+	}
 	var reopen struct {
 		sync.Mutex
 		fn func(string) bool

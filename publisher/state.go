@@ -38,6 +38,9 @@ type fileState struct {
 	goneHeadWritten bool // a head saying the file is deleted locally is in the mirror
 	takenOver       bool // another writer extended acked.Generation: the file waits to be reopened (one writer, below)
 	unsettled       bool // lines delivered since a change the watcher's settled check has yet to confirm
+	// ownAck: a line this daemon published from the file was acknowledged since the file
+	// was opened or last reconciled. The back-fill's lines after that go unfenced (fence).
+	ownAck bool
 
 	// acked is the acknowledged frontier: everything before acked.Offset is in the mirror.
 	acked frontier
