@@ -147,7 +147,7 @@ func (s *snapshot) equal(msgs []mirror.Msg, lines [][]byte) (bool, string) {
 		byOrd[m.Ordinal] = s.body(m)
 	}
 	if len(byOrd) != len(lines) || len(msgs) != len(lines) {
-		return false, fmt.Sprintf("%d messages (%d ordinals), file %d lines", len(msgs), len(byOrd), len(lines))
+		return false, fmt.Sprintf("%d messages (%d ordinals), file %d lines%s", len(msgs), len(byOrd), len(lines), doubled(msgs))
 	}
 	for i, l := range lines {
 		b, ok := byOrd[int64(i)]
@@ -159,6 +159,32 @@ func (s *snapshot) equal(msgs []mirror.Msg, lines [][]byte) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// doubled describes the copies of the first ordinals stored more than once in msgs (one
+// generation): stream sequence, time stored and message id tell which daemon start sent
+// each copy (the message id's publisher part) and how far apart they were (T25).
+func doubled(msgs []mirror.Msg) string {
+	byOrd := map[int64][]mirror.Msg{}
+	var twice []int64
+	for _, m := range msgs {
+		byOrd[m.Ordinal] = append(byOrd[m.Ordinal], m)
+		if len(byOrd[m.Ordinal]) == 2 {
+			twice = append(twice, m.Ordinal)
+		}
+	}
+	var b strings.Builder
+	for i, o := range twice {
+		if i == 5 {
+			fmt.Fprintf(&b, "; %d more ordinals twice", len(twice)-i)
+			break
+		}
+		fmt.Fprintf(&b, "; ordinal %d:", o)
+		for _, m := range byOrd[o] {
+			fmt.Fprintf(&b, " seq %d at %s id %s", m.Seq, m.Time.UTC().Format("15:04:05.000"), m.MsgID)
+		}
+	}
+	return b.String()
 }
 
 // match pairs every live file with a distinct conversation key whose newest generation
