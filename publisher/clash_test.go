@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -424,76 +425,118 @@ func TestClashReportedAfterRestart(t *testing.T) {
 // path), so that two keys named one path and recovery could restore the stale one. The
 // path keeps its key: the replaced file's record names it.
 func TestReplacementWhileStoppedKeepsKey(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	srv := natstest.Run(t)
-	rng := rand.New(rand.NewPCG(61, 67))
-	root, stateDir := t.TempDir(), t.TempDir()
-	orig := newSession(t, rng, root, 300, 400)
-	moved := filepath.Join(root, "moved", filepath.Base(orig.Path))
-	movedRel := "moved/" + filepath.Base(orig.Path)
-	start := func() (*Publisher, func()) {
-		store := openStore(t, stateDir)
-		p := startPublisher(t, ctx, srv.URL(), store)
-		stopWatcher, _ := startWatcher(t, ctx, p, root)
-		return p, func() {
-			stopWatcher()
-			if err := p.Close(ctx); err != nil {
-				t.Error(err)
-			}
-			_ = store.Close()
-		}
-	}
-	heads := func(p *Publisher) map[string][]mirror.Head { return headsBySource(t, ctx, p, orig.ID, false) }
-	mirrored := func(p *Publisher, n int) func() bool {
-		return func() bool {
-			pr := p.Progress().Roots[root]
-			return pr != nil && pr.Mirrored == n && pr.Pending == 0
-		}
-	}
-
-	p, stop := start()
-	waitUntil(t, "the original mirrored", mirrored(p, 1))
-	cp := writeCopy(t, rng, orig, filepath.Join(root, "copy", filepath.Base(orig.Path)))
-	waitUntil(t, "the copy mirrored", mirrored(p, 2))
-	moveFile(t, cp.Path, moved)
-	var clashKey string
-	waitUntil(t, "the copy's head at its new path", func() bool {
-		hs := heads(p)[movedRel]
-		if len(hs) == 1 {
-			clashKey = hs[0].Key
-		}
-		return len(hs) == 1
-	})
-	if clashKey == orig.ID {
-		t.Fatalf("the copy mirrors under the plain id %s, want its clash key", clashKey)
-	}
-	stop()
-
+	c := newStoppedCopy(t, 61, 67)
 	// Replaced by an atomic rename, one line longer, while the daemon is stopped.
-	lines := append(append([][]byte(nil), cp.Lines...), cp.Entry(250))
-	replaceFile(t, moved, lines)
-	p, stop = start()
+	lines := append(append([][]byte(nil), c.cp.Lines...), c.cp.Entry(250))
+	replaceFile(t, c.moved, lines)
+	p, stop := c.start()
 	defer stop()
 	waitUntil(t, "the replacement mirrored", func() bool {
-		for _, h := range heads(p)[movedRel] {
-			if h.LastOrdinal == int64(len(lines)-1) {
-				return mirrored(p, 2)()
-			}
-		}
-		return false
+		return c.headAt(p, c.movedRel, len(lines)) && c.mirrored(p, 2)()
 	})
-	hs := heads(p)
-	var keys []string
-	for _, h := range hs[movedRel] {
-		keys = append(keys, fmt.Sprintf("%s (generation %d, last ordinal %d)", h.Key, h.Generation, h.LastOrdinal))
+	c.wantKeys(p)
+}
+
+// stoppedCopy is a session under root (mirrored under its plain id) and its copy, moved
+// to moved/ after it got its clash key, so that the key derived from the copy's path is
+// not that key: daemons are started one after another on one state directory, and
+// what happens to the files while none runs decides (torture T3, T26).
+type stoppedCopy struct {
+	t               *testing.T
+	ctx             context.Context
+	url             string
+	root, stateDir  string
+	orig, cp        *sessiontest.File
+	origRel         string
+	moved, movedRel string
+	clashKey        string
+}
+
+// newStoppedCopy mirrors the session and its copy with a first daemon, moves the copy,
+// waits for its head at the new path, and stops that daemon.
+func newStoppedCopy(t *testing.T, seed1, seed2 uint64) *stoppedCopy {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	rng := rand.New(rand.NewPCG(seed1, seed2))
+	c := &stoppedCopy{t: t, ctx: ctx, url: natstest.Run(t).URL(), root: t.TempDir(), stateDir: t.TempDir()}
+	c.orig = newSession(t, rng, c.root, 300, 400)
+	origRel, err := filepath.Rel(c.root, c.orig.Path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(hs[movedRel]) != 1 || hs[movedRel][0].Key != clashKey {
-		t.Errorf("heads naming the replaced file: %v; want only its key %s", keys, clashKey)
+	c.origRel = filepath.ToSlash(origRel)
+	c.moved = filepath.Join(c.root, "moved", filepath.Base(c.orig.Path))
+	c.movedRel = "moved/" + filepath.Base(c.orig.Path)
+
+	p, stop := c.start()
+	waitUntil(t, "the original mirrored", c.mirrored(p, 1))
+	c.cp = writeCopy(t, rng, c.orig, filepath.Join(c.root, "copy", filepath.Base(c.orig.Path)))
+	waitUntil(t, "the copy mirrored", c.mirrored(p, 2))
+	moveFile(t, c.cp.Path, c.moved)
+	waitUntil(t, "the copy's head at its new path", func() bool {
+		hs := c.heads(p)[c.movedRel]
+		if len(hs) == 1 {
+			c.clashKey = hs[0].Key
+		}
+		return len(hs) == 1 && c.mirrored(p, 2)()
+	})
+	if c.clashKey == c.orig.ID {
+		t.Fatalf("the copy mirrors under the plain id %s, want its clash key", c.clashKey)
 	}
-	origRel, _ := filepath.Rel(root, orig.Path)
-	if o := hs[filepath.ToSlash(origRel)]; len(o) != 1 || o[0].Key != orig.ID {
-		t.Errorf("heads naming the original: %+v; want only the plain id %s", o, orig.ID)
+	stop()
+	return c
+}
+
+// start starts a daemon on the state directory; stop stops it.
+func (c *stoppedCopy) start() (*Publisher, func()) {
+	store := openStore(c.t, c.stateDir)
+	p := startPublisher(c.t, c.ctx, c.url, store)
+	stopWatcher, _ := startWatcher(c.t, c.ctx, p, c.root)
+	return p, func() {
+		stopWatcher()
+		if err := p.Close(c.ctx); err != nil {
+			c.t.Error(err)
+		}
+		_ = store.Close()
+	}
+}
+
+// heads are the heads of the session's id by source, those of deleted files left out.
+func (c *stoppedCopy) heads(p *Publisher) map[string][]mirror.Head {
+	return headsBySource(c.t, c.ctx, p, c.orig.ID, false)
+}
+
+// mirrored tells whether n files of the root are mirrored, none pending.
+func (c *stoppedCopy) mirrored(p *Publisher, n int) func() bool {
+	return func() bool {
+		pr := p.Progress().Roots[c.root]
+		return pr != nil && pr.Mirrored == n && pr.Pending == 0
+	}
+}
+
+// headAt tells whether a head naming rel says its generation holds n lines.
+func (c *stoppedCopy) headAt(p *Publisher, rel string, n int) bool {
+	for _, h := range c.heads(p)[rel] {
+		if h.LastOrdinal == int64(n-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// wantKeys checks that one head names each file: the copy's its clash key, the
+// original's the plain id.
+func (c *stoppedCopy) wantKeys(p *Publisher) {
+	c.t.Helper()
+	hs := c.heads(p)
+	for _, want := range []struct{ rel, key string }{{c.movedRel, c.clashKey}, {c.origRel, c.orig.ID}} {
+		var keys []string
+		for _, h := range hs[want.rel] {
+			keys = append(keys, fmt.Sprintf("%s (generation %d, last ordinal %d)", h.Key, h.Generation, h.LastOrdinal))
+		}
+		if len(hs[want.rel]) != 1 || hs[want.rel][0].Key != want.key {
+			c.t.Errorf("heads naming %s: %v; want only its key %s", want.rel, keys, want.key)
+		}
 	}
 }
 
@@ -562,4 +605,46 @@ func replaceFile(t *testing.T, path string, lines [][]byte) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestReusedInodeKeepsPathKey (torture T26): a session (plain id) and its moved copy
+// (clash key) are both replaced by an atomic rename while the daemon is stopped, and the
+// copy's replacement gets the inode number the original had: ext4 hands a freed inode
+// number out again at once. The original's record, still in the store (the daemon never
+// saw the replacement, or was killed before it committed the record's removal), then
+// names that inode with the original's path and key, and its header is the copy's
+// (copies share line 1). The replacement took the original's key as if it were the
+// original moved there; the original's replacement took a new clash key, and the copy's
+// old key kept a head naming the copy's path, so that two keys named it and verify
+// compared the file with the stale one. Each path keeps its key.
+func TestReusedInodeKeepsPathKey(t *testing.T) {
+	c := newStoppedCopy(t, 83, 89)
+	// Both replaced while stopped, each one line longer; the copy's replacement gets the
+	// original's former inode number, which the test stands for by moving the original's
+	// record to the replacement's inode (the record is the daemon's own, unchanged).
+	origOld := inode(t, c.orig.Path)
+	origLines := append(append([][]byte(nil), c.orig.Lines...), c.orig.Entry(250))
+	replaceFile(t, c.orig.Path, origLines)
+	copyLines := append(append([][]byte(nil), c.cp.Lines...), c.cp.Entry(260))
+	replaceFile(t, c.moved, copyLines)
+	store := openStore(t, c.stateDir)
+	rec, ok := store.Get(checkpoint.Key(origOld.Dev, origOld.Ino))
+	if !ok || rec.Rel != c.origRel || rec.ConvKey != c.orig.ID {
+		t.Fatalf("the original's record: %+v (found %v); want one naming %s under %s", rec, ok, c.origRel, c.orig.ID)
+	}
+	reused := inode(t, c.moved)
+	store.Delete(rec.Key())
+	rec.Dev, rec.Ino = reused.Dev, reused.Ino
+	store.Put(rec)
+	if err := store.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Close()
+
+	p, stop := c.start()
+	defer stop()
+	waitUntil(t, "both replacements mirrored", func() bool {
+		return c.headAt(p, c.movedRel, len(copyLines)) && c.headAt(p, c.origRel, len(origLines)) && c.mirrored(p, 2)()
+	})
+	c.wantKeys(p)
 }

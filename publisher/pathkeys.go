@@ -31,6 +31,17 @@ import (
 type recordedClashKeys struct {
 	once   sync.Once
 	byPath map[string]checkpoint.Record // root + "\x00" + rel → the record holding a clash key there
+
+	// Every record (any key) by path, read once at the first file whose checkpoint names
+	// another path (replacedAtPath); read-only once built.
+	allOnce sync.Once
+	all     map[string][]pathRecord
+}
+
+// pathRecord is the identity and conversation id of a checkpoint record naming a path.
+type pathRecord struct {
+	id   watcher.FileID
+	conv string
 }
 
 // recordedClashKey returns the clash key of conversation id that a checkpoint record of
@@ -67,6 +78,39 @@ func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
 		p.opts.Checkpoints.Delete(rec.Key())
 	}
 	return rec.ConvKey, true
+}
+
+// replacedAtPath tells whether a checkpoint record of another identity than f's, carrying
+// conversation id, names f's path: f replaced a file of its session the daemon knew
+// there. For a file whose checkpoint (found by its inode number, line 1 the same) names
+// another path, that tells a reused inode number from a file moved while the daemon was
+// stopped: line 1 cannot tell them apart when the inode's former file was a copy of this
+// session (torture T26: an original and its copy both replaced while the daemon was
+// down, the copy's replacement given the original's freed inode number; it took the
+// original's key as if moved, and the key its path had kept a head naming it). The
+// records are read once, when first needed: a file opened at another path than its
+// checkpoint's is rare (moved while stopped).
+func (p *Publisher) replacedAtPath(f watcher.File, id string) bool {
+	p.pathKeys.allOnce.Do(func() {
+		all := map[string][]pathRecord{}
+		err := p.opts.Checkpoints.Each(func(r checkpoint.Record) error {
+			if r.ConvKey != "" && !r.Deleted {
+				k := r.Root + "\x00" + r.Rel
+				all[k] = append(all[k], pathRecord{watcher.FileID{Dev: r.Dev, Ino: r.Ino}, r.Conversation})
+			}
+			return nil
+		})
+		if err != nil {
+			p.log.Warn("cannot read the checkpoints for the files replaced while stopped", zap.Error(err))
+		}
+		p.pathKeys.all = all
+	})
+	for _, r := range p.pathKeys.all[f.Root+"\x00"+f.Rel] {
+		if r.id != f.ID && r.conv == id {
+			return true
+		}
+	}
+	return false
 }
 
 // movedClashKey returns the clash key of conversation id (other than derived, the key

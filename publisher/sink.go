@@ -76,6 +76,15 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if found && rec.HeaderSHA != hdrSHA {
 		found = false // the inode was reused by another file
 	}
+	if found && (old == nil || old.skipped) && (rec.Root != f.Root || rec.Rel != f.Rel) && p.replacedAtPath(f, hdr.ID) {
+		// The inode was reused by a file of the same session (a copy) that replaced
+		// another one at its path while the daemon was stopped, not moved here: the
+		// record is its former file's. The path keeps its key (recordedClashKey, or the
+		// plain id from claimKey), and the file is compared with the mirror (torture T26).
+		log.Info("the checkpoint of this file's inode names another path, and the file replaced one of its session here; comparing it with the mirror",
+			zap.String("checkpoint_path", rec.Rel))
+		found = false
+	}
 	// After a rewrite the checkpoint's frontier proves nothing about the lines before it:
 	// the whole file is compared with the mirror instead.
 	rewritten := why == watcher.Truncated || why == watcher.Replaced || why == watcher.Rechecked
