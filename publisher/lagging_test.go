@@ -74,17 +74,23 @@ func TestResumeFromLaggingReplicaResendsNothing(t *testing.T) {
 		}
 		run("the appended lines mirrored with a node down")
 		// The daemon "died before committing": its state is the one before.
-		if err := os.RemoveAll(stateDir); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(saved, stateDir); err != nil {
-			t.Fatal(err)
-		}
+		restoreDir(t, saved, stateDir)
 		follower.Start()
 		run("the file found mirrored after the node came back")
 		if n := testutil.ToFloat64(last.m.duplicates); n != 0 {
 			t.Fatalf("round %d: %v lines sent again that the mirror held", round, n)
 		}
+	}
+}
+
+// restoreDir puts saved (a copyDir) back in dir's place.
+func restoreDir(t *testing.T, saved, dir string) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(saved, dir); err != nil {
+		t.Fatal(err)
 	}
 }
 

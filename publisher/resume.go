@@ -33,14 +33,23 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 		if err != nil {
 			return err
 		}
-		newer, vanished := false, false
+		newer, vanished, before := false, false, false
 		if !past.behind {
-			held, newerGen, last, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, past)
+			held, newerGen, last, short, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, past)
 			if err != nil {
 				return err
 			}
 			st.fenceSeq = last
-			if !newerGen {
+			switch {
+			case short:
+				// Fewer messages follow the checkpoint's sequence than the leader counts past
+				// it: lines after the frontier were stored before the highest sequence it
+				// acknowledged (a line below it stored late: a repeated entry id or a
+				// reconciliation sent it again after the lines behind it). Read from the
+				// sequence on, they would be missing from what the mirror holds, and sent
+				// again (torture T25).
+				before = true
+			case !newerGen:
 				// Lines acknowledged past the checkpoint (the daemon died before
 				// committing them) must still be in the file: a file cut back since
 				// holds less than the mirror, a new generation.
@@ -55,13 +64,17 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 					return nil
 				}
 				vanished = true
-			} else {
+			default:
 				// A generation started after the checkpoint was committed (the daemon
 				// died in between): the checkpoint's generation is over.
 				newer = true
 			}
 		}
 		switch {
+		case before:
+			log.Info("lines past the checkpoint were stored before its sequence; comparing the whole file with the mirror",
+				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal),
+				zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
 		case vanished:
 			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
 				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
@@ -155,21 +168,29 @@ func (p *Publisher) pastCheckpoint(ctx context.Context, st *fileState) (checkpoi
 }
 
 // heldPast returns the lines of generation gen the mirror holds from stream sequence
-// from on, whether a newer generation appears there, and the subject's newest sequence
-// known after the read; v (pastCheckpoint) answers most calls without reading anything.
-// Like the whole-subject pass of resume it keeps at most heldLimit lines; past that the
-// window reads them again, in ordinal order, when they are needed.
-func (p *Publisher) heldPast(ctx context.Context, c mirror.Conv, gen int, from uint64, v checkpointView) (held *heldWindow, newer bool, last uint64, err error) {
+// from on, whether a newer generation appears there, the subject's newest sequence
+// known after the read, and whether the read found fewer messages from there on than
+// the leader counts past the checkpoint (short: some were stored before from, or a
+// replica did not deliver them in time); v (pastCheckpoint) answers most calls without
+// reading anything. Like the whole-subject pass of resume it keeps at most heldLimit
+// lines; past that the window reads them again, in ordinal order, when they are needed.
+func (p *Publisher) heldPast(ctx context.Context, c mirror.Conv, gen int, from uint64, v checkpointView) (held *heldWindow, newer bool, last uint64, short bool, err error) {
 	nw := &newest{only: gen, limit: p.heldLimit()}
 	if v.below != nil && v.count <= *v.below || v.below == nil && v.last < from {
 		p.m.resumeQuery.WithLabelValues("last_seq").Inc()
-		return nw.window(c, p.maxDisorder()), false, from - 1, nil
+		return nw.window(c, p.maxDisorder()), false, from - 1, false, nil
 	}
-	if err := p.reader.Scan(ctx, c, mirror.ScanOptions{FromSeq: from, HeadersOnly: true, Below: v.below}, nw.add); err != nil {
-		return nil, false, 0, fmt.Errorf("resume %s: %w", c.Key, err)
+	var skipped uint64
+	opts := mirror.ScanOptions{FromSeq: from, HeadersOnly: true, Below: v.below, Skipped: &skipped}
+	if v.below != nil {
+		opts.Counted = &v.count // what the read is held against: the count pastCheckpoint took
+	}
+	if err := p.reader.Scan(ctx, c, opts, nw.add); err != nil {
+		return nil, false, 0, false, fmt.Errorf("resume %s: %w", c.Key, err)
 	}
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
-	return nw.window(c, p.maxDisorder()), nw.newer, max(nw.last, from-1, v.last), nil
+	short = v.below != nil && nw.msgs+skipped < v.count-*v.below
+	return nw.window(c, p.maxDisorder()), nw.newer, max(nw.last, from-1, v.last), short, nil
 }
 
 // heldSince returns the lines of generation gen the mirror holds from stream sequence

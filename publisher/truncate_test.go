@@ -61,9 +61,7 @@ func truncatedPastUncommittedAck(t *testing.T, rewrittenBefore bool) {
 		gen++
 		run("the rewrite mirrored", gen, nil)
 	}
-	key := checkpoint.Key(inodeOf(t, f.Path))
-	store := openStore(t, stateDir)
-	before, ok := store.Get(key)
+	store, before, ok := checkpointOf(t, stateDir, f.Path)
 	if !ok || before.Generation != gen {
 		t.Fatalf("checkpoint %+v (found %v), want generation %d", before, ok, gen)
 	}
@@ -120,6 +118,15 @@ func runDaemon(t *testing.T, ctx context.Context, url, stateDir string, wopts wa
 	if err := store.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkpointOf opens the checkpoint store in stateDir and returns it with the record of
+// the file at path.
+func checkpointOf(t *testing.T, stateDir, path string) (*checkpoint.Store, checkpoint.Record, bool) {
+	t.Helper()
+	store := openStore(t, stateDir)
+	rec, ok := store.Get(checkpoint.Key(inodeOf(t, path)))
+	return store, rec, ok
 }
 
 // inodeOf is the identity of the file at path, as the checkpoint store keys it.
