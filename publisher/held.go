@@ -120,6 +120,17 @@ func (n *newest) add(m mirror.Msg) error {
 	return nil
 }
 
+// doubled reports whether the generation holds an ordinal more than once (torture T25):
+// more messages than ordinals. Kept whole, the ordinals are counted; past limit, they
+// are taken to be 0 to top, which misses a second copy only in a generation with a gap
+// (a line over the maximum size is skipped).
+func (n *newest) doubled() bool {
+	if n.spilled {
+		return n.genMsgs > uint64(n.top+1)
+	}
+	return n.genMsgs > uint64(len(n.lines))
+}
+
 // window returns what the pass found as a window (nil: no line of the generation).
 func (n *newest) window(c mirror.Conv, maxDisorder int64) *heldWindow {
 	if n.genMsgs == 0 {

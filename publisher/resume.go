@@ -21,7 +21,7 @@ import (
 // checkpointed generation) it asks the mirror what it holds after the checkpointed
 // stream sequence; without one, it reads the conversation's whole subject, compares the
 // local file with the newest mirrored generation, and starts a new generation if any
-// mirrored line changed or vanished.
+// mirrored line changed or vanished, or the generation holds a line twice.
 //
 // Memory does not grow with the file (issue 13 item 9): a first pass over the messages'
 // headers learns the newest generation, its extent and how far out of ordinal order it
@@ -104,8 +104,9 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
+	doubled := (cmp == sameLength || cmp == longer) && nw.doubled()
 	store := false
-	if cmp != differs && cmp != sameLength && cmp != undecided {
+	if cmp == longer || cmp == shorter || doubled {
 		// One writer at a time (DESIGN §8): a generation the session store writes is
 		// kept only by a file that holds exactly its lines so far (the store then wrote
 		// after them); a file with lines of its own past them was appended to locally
@@ -114,12 +115,23 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			return fmt.Errorf("resume %s: %w", st.conv.Key, err)
 		}
 	}
-	if cmp == sameLength || cmp == longer && !store || cmp == shorter && store {
+	// A generation that holds a line twice is not kept: the comparison reads the first
+	// copy of each line and finds the file equal, and the second copies would stay in the
+	// newest generation for good (torture T25). A new one costs a publish of the file
+	// again. The session store's generation is left as it is (it is the store's to write).
+	twice := doubled && !store
+	if !twice && (cmp == sameLength || cmp == longer && !store || cmp == shorter && store) {
 		st.held = held.reread(0)
 		return nil
 	}
 	st.acked.Generation, st.acked.Base = top+1, nw.msgs
 	p.m.generations.Inc()
+	if twice {
+		log.Warn("the newest generation holds a line twice; starting a new generation",
+			zap.String("conversation", st.conv.Key), zap.Int("generation", top+1),
+			zap.Uint64("messages", nw.genMsgs), zap.Int64("last_ordinal", nw.top))
+		return nil
+	}
 	why := "mirrored lines changed or vanished locally; starting a new generation"
 	switch {
 	case store:

@@ -233,3 +233,99 @@ func TestResumeFromCheckpointBelowALateLine(t *testing.T) {
 		l.run(t, "resumed from the checkpoint")
 	})
 }
+
+// TestReopenDoubledGenerationStartsNew: a newest generation that holds a line twice
+// (torture T25: 16 lines stored twice, however they came to be) is not kept by a resume
+// that compares the whole file with it (no state, or a reopen after a change): the
+// comparison reads the first copy of each ordinal and would find the file equal, and the
+// doubled generation would stay the newest for good. The file starts a new generation,
+// each line once; a generation without a line twice is kept, as before, and so is one the
+// session store writes (one writer at a time: it is the store's).
+func TestReopenDoubledGenerationStartsNew(t *testing.T) {
+	cases := []struct {
+		name    string
+		doubled bool
+		longer  bool // the file holds lines past the generation's
+		limit   int  // heldLimitMin (0: the default, lines kept whole)
+		store   bool // the session store writes the generation
+	}{
+		{"doubled, same length", true, false, 0, false},
+		{"doubled, file longer", true, true, 0, false},
+		{"doubled, read through a window", true, true, 8, false},
+		{"not doubled, same length", false, false, 0, false},
+		{"not doubled, file longer, window", false, true, 8, false},
+		{"doubled, the store's", true, false, 0, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.limit > 0 {
+				saved, savedAhead := heldLimitMin, fillAhead
+				heldLimitMin, fillAhead = tc.limit, 4
+				t.Cleanup(func() { heldLimitMin, fillAhead = saved, savedAhead })
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			l := &lateLine{ctx: ctx, url: natstest.Run(t).URL(), names: mirror.DefaultNames(), root: t.TempDir(), stateDir: t.TempDir()}
+			l.mirror(t, mirror.Config{})
+			l.f = sessiontest.New(rand.New(rand.NewPCG(25, 26)), l.root, "/home/dev/p", sessiontest.CLIV3)
+			lines := [][]byte{l.f.HeaderLine("/home/dev/p")}
+			for range 39 {
+				lines = append(lines, l.f.Entry(200))
+			}
+			msgs := mirrortest.MirrorFile(t, lines, 1, 0).Msgs
+			if tc.doubled {
+				// Lines 21-36 stored again after the others, under their ordinals (another
+				// message id, as a repeated entry id is sent again): the same bytes.
+				for _, m := range msgs[20:36] {
+					m.Kind, m.EntryID, m.EntryType, m.ParentID = mirror.KindRaw, mirror.OrdinalID(m.Ordinal), "", ""
+					msgs = append(msgs, m)
+				}
+			}
+			l.publish(t, msgs)
+			l.appendLines(t, lines...)
+			if tc.longer {
+				l.appendEntries(t, 2)
+			}
+			if tc.store {
+				l.storeHead(t, lines)
+				return
+			}
+			l.run(t, "resumed without state")
+			want := 1
+			if tc.doubled {
+				want = 2
+			}
+			if h, _, err := l.reader.Head(ctx, l.conv); err != nil || h.Generation != want {
+				t.Fatalf("head %+v (%v), want generation %d", h, err, want)
+			}
+		})
+	}
+}
+
+// storeHead makes the session store the writer of generation 1, which holds lines (and a
+// line twice), then runs a daemon without state until the file is mirrored: it must not
+// start a generation of its own.
+func (l *lateLine) storeHead(t *testing.T, lines [][]byte) {
+	t.Helper()
+	w, err := mirror.NewWriter(l.ctx, l.js, l.names, l.reader.Owner())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mirrortest.DaemonHead(lines, mirrortest.MirrorFile(t, lines, 1, 0), 1)
+	h.Key, h.Writer = l.conv.Key, mirror.WriterStore
+	if err := w.PutHead(l.ctx, l.conv, h); err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, l.ctx, l.url, l.stateDir, watcher.Options{Roots: []string{l.root}}, l.f.ID, "the file mirrored", nil,
+		func(p *Publisher, _ mirror.Conv) bool {
+			pr := p.Progress().Roots[l.root]
+			return pr != nil && pr.Mirrored == 1
+		})
+	nw := newest{}
+	if err := l.reader.Scan(l.ctx, l.conv, mirror.ScanOptions{HeadersOnly: true}, nw.add); err != nil {
+		t.Fatal(err)
+	}
+	if nw.gen != 1 || nw.genMsgs != uint64(len(lines)+16) {
+		t.Fatalf("newest generation %d with %d messages, want the store's, 1, with %d", nw.gen, nw.genMsgs, len(lines)+16)
+	}
+}
