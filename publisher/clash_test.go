@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -647,4 +648,95 @@ func TestReusedInodeKeepsPathKey(t *testing.T) {
 		return c.headAt(p, c.movedRel, len(copyLines)) && c.headAt(p, c.origRel, len(origLines)) && c.mirrored(p, 2)()
 	})
 	c.wantKeys(p)
+}
+
+// TestCopyOfMovedCopyKeysFoundAfterStateLoss (torture T27): a copy is moved while the
+// daemon is stopped, and a copy of it is made. The copy of the copy begins with the
+// lines of the moved copy's key, whose head names a path that is gone: it is offered
+// that key (movedClashKey), which the moved copy, found by its checkpoint, holds. The
+// loser of that claim took a key derived from the contested clash key (id~a~b), which
+// no daemon finds again once the state directory is lost: the file then took another
+// key while the old one's head kept naming its path (two heads on one path, recover
+// refusing the one the harness paired). Each file keeps its key across the loss.
+func TestCopyOfMovedCopyKeysFoundAfterStateLoss(t *testing.T) {
+	c := newStoppedCopy(t, 97, 101)
+	rng := rand.New(rand.NewPCG(103, 107))
+	moved2Rel := "moved2/" + filepath.Base(c.orig.Path)
+	moveFile(t, c.moved, filepath.Join(c.root, filepath.FromSlash(moved2Rel)))
+	writeCopy(t, rng, c.cp, filepath.Join(c.root, "copy2", filepath.Base(c.orig.Path)))
+	thirdRel := "copy2/" + filepath.Base(c.orig.Path)
+	rels := []string{c.origRel, moved2Rel, thirdRel}
+
+	// keys waits until each path has one head, and returns its key by path.
+	keys := func(p *Publisher, what string) map[string]string {
+		t.Helper()
+		waitUntil(t, what, func() bool {
+			if !c.mirrored(p, 3)() {
+				return false
+			}
+			hs := c.heads(p)
+			for _, rel := range rels {
+				if len(hs[rel]) != 1 {
+					return false
+				}
+			}
+			return true
+		})
+		out := map[string]string{}
+		for rel, hs := range c.heads(p) {
+			for _, h := range hs {
+				if id, ok := clashKeyID(h.Key); ok {
+					if _, nested := clashKeyID(id); nested {
+						t.Errorf("%s mirrors under %s, a key derived from a clash key", rel, h.Key)
+					}
+				}
+				out[rel] = h.Key
+			}
+		}
+		return out
+	}
+	p, stop := c.start()
+	before := keys(p, "the three files mirrored, one head each")
+	stop()
+
+	c.stateDir = t.TempDir() // the state directory lost
+	p, stop = c.start()
+	defer stop()
+	// The keys the daemon gave the files, each head written: then no head is behind.
+	waitUntil(t, "the three files mirrored again, each under a key whose head names it", func() bool {
+		if !c.mirrored(p, 3)() {
+			return false
+		}
+		hs := c.heads(p)
+		for _, rel := range rels {
+			key, ok := keyAt(p, filepath.Join(c.root, filepath.FromSlash(rel)))
+			if !ok || !slices.ContainsFunc(hs[rel], func(h mirror.Head) bool { return h.Key == key }) {
+				return false
+			}
+		}
+		return true
+	})
+	hs := c.heads(p)
+	for _, rel := range rels {
+		var got []string
+		for _, h := range hs[rel] {
+			got = append(got, h.Key)
+		}
+		if len(got) != 1 || got[0] != before[rel] {
+			t.Errorf("after the state loss heads naming %s: %v; want only its key %s", rel, got, before[rel])
+		}
+	}
+}
+
+// keyAt is the conversation key the daemon mirrors the file at path under.
+func keyAt(p *Publisher, path string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.files[p.byPath[path]]
+	if st == nil {
+		return "", false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.conv.Key, true
 }

@@ -111,7 +111,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 			zap.String("conversation", key), zap.String("key", prev))
 		key = prev
 	}
-	key = p.claimKey(f, key, log)
+	key = p.claimKey(f, hdr.ID, key, log)
 	conv, err := mirror.NewConv(p.opts.Owner, key)
 	if err != nil {
 		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
@@ -203,7 +203,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 // several workers at once: a claim whose state is not registered yet is not stale, or
 // both files would mirror under one key. The file system is consulted (vanished) without
 // the global lock, and the claim decided again if it changed meanwhile.
-func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string {
+func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) string {
 	for {
 		p.mu.Lock()
 		owner, taken := p.byConv[key]
@@ -238,9 +238,19 @@ func (p *Publisher) claimKey(f watcher.File, key string, log *zap.Logger) string
 			p.mu.Unlock()
 			return key
 		}
-		alt := clashKey(key, f)
+		// The key derived from the session id and this file's path, also when the key
+		// contested is a clash key (one a moved file kept, another file given it for its
+		// lines): a key derived from a clash key is found again by no one after the state
+		// directory is lost (previousClashKey and movedClashKey look at the id's own clash
+		// keys), and the file then took another key while its old head kept naming its
+		// path (torture T27). Only a file whose own derived key is contested (its path's
+		// former file moved and kept it) derives from that.
+		alt := clashKey(id, f)
+		if alt == key {
+			alt = clashKey(key, f)
+		}
 		p.byConv[alt] = f.ID
-		p.clashesSeen[key] = true
+		p.clashesSeen[id] = true
 		p.mu.Unlock()
 		p.m.clashes.Inc()
 		otherPath := otherFile.Path
