@@ -205,8 +205,9 @@ func (s *snapshot) equal(msgs []mirror.Msg, lines [][]byte) (bool, string) {
 }
 
 // doubled describes the copies of the first ordinals stored more than once in msgs (one
-// generation): stream sequence, time stored and message id tell which daemon start sent
-// each copy (the message id's publisher part) and how far apart they were (T25).
+// generation): the stream sequence and time stored of each copy tell how far apart they
+// were and, against the daemon's log, which start sent each (T25); the message id tells
+// whether the server's duplicate window could have caught the second.
 func doubled(msgs []mirror.Msg) string {
 	byOrd := map[int64][]mirror.Msg{}
 	var twice []int64
