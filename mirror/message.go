@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Header names of a mirrored line (DESIGN §2).
@@ -58,16 +58,39 @@ type Line struct {
 	BlobSize   int64 // KindBlob only
 }
 
-// NewMsg builds the message of one line of conversation c. body is the line's exact
-// bytes without its newline (empty for a blob reference).
+// NewMsg builds the message of one line of conversation c, with its headers as a map
+// (the session store's writes; the publisher sends NewOutgoing's encoded form). body is
+// the line's exact bytes without its newline (empty for a blob reference).
 //
-// It runs once per line, so it allocates little: the subject, message id, ordinal,
-// generation and blob size are cut out of one string (the message id follows the
-// subject's owner and conversation tokens in it), the message and the backing array of
-// every header value are one object, and the header map the last (a map entry's
-// []string of its own would be a dozen allocations per line) unless RecycleHeader handed
-// one back.
+// The message and the backing array of every header value are one object (a map
+// entry's []string of its own would be a dozen allocations).
 func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
+	subject, hs := n.headers(c, l)
+	m := &msgWithValues{}
+	h := make(nats.Header, hs.n)
+	for k, kv := range hs.kv[:hs.n] {
+		m.vals[k] = kv[1]
+		h[kv[0]] = m.vals[k : k+1 : k+1]
+	}
+	m.msg = nats.Msg{Subject: subject, Header: h, Data: body}
+	return &m.msg
+}
+
+// headerList is the headers of one line in the order NewOutgoing writes them.
+type headerList struct {
+	kv [12][2]string
+	n  int
+}
+
+func (hs *headerList) add(key, v string) {
+	hs.kv[hs.n] = [2]string{key, v}
+	hs.n++
+}
+
+// headers returns the subject and the headers of l's message in c. It runs once per
+// line, so the subject, message id, ordinal, generation and blob size are cut out of
+// one string (the message id follows the subject's owner and conversation tokens in it).
+func (n Names) headers(c Conv, l Line) (string, headerList) {
 	var buf [256]byte
 	b := append(buf[:0], n.lower...)
 	b = append(b, ".entries."...)
@@ -85,56 +108,82 @@ func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	// The generation is the message id's token after the subject's: ".<generation>.<id>".
 	gen := s[subjEnd+1 : subjEnd+1+strings.IndexByte(s[subjEnd+1:], '.')]
 
-	m := &msgWithValues{}
-	h, _ := headerMaps.Get().(nats.Header)
-	if h == nil {
-		h = make(nats.Header, 12)
-	}
-	k := 0
-	set := func(key, v string) {
-		m.vals[k] = v
-		h[key] = m.vals[k : k+1 : k+1]
-		k++
-	}
-	set(HdrMsgID, s[idStart:idEnd])
-	set(HdrKind, string(l.Kind))
-	set(HdrEntryID, l.EntryID)
+	var hs headerList
+	hs.add(HdrMsgID, s[idStart:idEnd])
+	hs.add(HdrKind, string(l.Kind))
+	hs.add(HdrEntryID, l.EntryID)
 	if l.ParentID != "" {
-		set(HdrParentID, l.ParentID)
+		hs.add(HdrParentID, l.ParentID)
 	}
 	if l.EntryType != "" {
-		set(HdrEntryType, l.EntryType)
+		hs.add(HdrEntryType, l.EntryType)
 	}
-	set(HdrOrdinal, s[idEnd:ordEnd])
-	set(HdrGeneration, gen)
-	set(HdrSHA256, l.SHA256)
-	set(HdrFormat, l.Format)
-	set(HdrHost, l.Host)
-	set(HdrSource, l.Source)
+	hs.add(HdrOrdinal, s[idEnd:ordEnd])
+	hs.add(HdrGeneration, gen)
+	hs.add(HdrSHA256, l.SHA256)
+	hs.add(HdrFormat, l.Format)
+	hs.add(HdrHost, l.Host)
+	hs.add(HdrSource, l.Source)
 	if l.Kind == KindBlob {
-		set(HdrBlobSize, s[ordEnd:])
+		hs.add(HdrBlobSize, s[ordEnd:])
 	}
-	m.msg = nats.Msg{Subject: s[:subjEnd], Header: h, Data: body}
-	return &m.msg
+	return s[:subjEnd], hs
 }
 
-// headerMaps holds the header maps RecycleHeader got back, empty. A map of a dozen
-// headers is four allocations and half of NewMsg's time (bench/RESULTS.md, issue 15).
-var headerMaps sync.Pool
-
-// RecycleHeader takes back the header map of m, a message NewMsg built, for another
-// message; m is left without headers. The caller must be sure nothing reads m's headers
-// again: it published m once and holds the server's acknowledgement of that publish
-// (nats.go keeps a message only until then, for its own retries), and it drops m.
-func RecycleHeader(m *nats.Msg) {
-	h := m.Header
-	m.Header = nil
-	if h == nil {
-		return
-	}
-	clear(h)
-	headerMaps.Put(h)
+// Outgoing is the message of one line as the publisher sends it: its header block
+// encoded once, with the line's metadata beside it, so that no header map is built or
+// walked per line (a map of a dozen headers, filled and then encoded by nats.go, was a
+// tenth of the daemon's CPU: bench/RESULTS.md, issue 15). It does not change once
+// built: a publish in flight may still read it.
+type Outgoing struct {
+	Subject string
+	Line    Line
+	Data    []byte // the line's bytes; empty for a blob reference
+	hdr     []byte // the header block, ending in its blank line
 }
+
+// NewOutgoing builds the message of one line of conversation c, as NewMsg but with its
+// headers encoded as nats.go encodes NewMsg's.
+func (n Names) NewOutgoing(c Conv, l Line, body []byte) *Outgoing {
+	subject, hs := n.headers(c, l)
+	size := len(hdrLine) + len(crlf)
+	for _, kv := range hs.kv[:hs.n] {
+		size += len(kv[0]) + len(kv[1]) + 4
+	}
+	// Room for a fence's line, so that a fenced header block seldom needs a second copy.
+	b := make([]byte, 0, size+len(fenceKey)+24)
+	b = append(b, hdrLine...)
+	for _, kv := range hs.kv[:hs.n] {
+		b = appendHeaderLine(b, kv[0], kv[1])
+	}
+	return &Outgoing{Subject: subject, Line: l, Data: body, hdr: append(b, crlf...)}
+}
+
+// Header is the header block to send: o's, with fence (a stream sequence) as the
+// expected last sequence of its subject when not "". The returned bytes are never
+// written again.
+func (o *Outgoing) Header(fence string) []byte {
+	if fence == "" {
+		return o.hdr
+	}
+	b := make([]byte, 0, len(o.hdr)+len(fenceKey)+len(fence)+4)
+	b = append(b, o.hdr[:len(o.hdr)-len(crlf)]...)
+	b = appendHeaderLine(b, fenceKey, fence)
+	return append(b, crlf...)
+}
+
+// Msg is o as a message with a header map, fenced as Header is.
+func (o *Outgoing) Msg(fence string) *nats.Msg {
+	h, err := nats.DecodeHeadersMsg(o.Header(fence))
+	if err != nil {
+		panic(fmt.Sprintf("mirror: decode a header block built here: %v", err)) // a bug in appendHeaderLine
+	}
+	return &nats.Msg{Subject: o.Subject, Header: h, Data: o.Data}
+}
+
+// fenceKey is the header that makes the server refuse a line if its subject's last
+// message is not the one expected (DESIGN §8).
+const fenceKey = jetstream.ExpectedLastSubjSeqHeader
 
 // msgWithValues is a message and the values of its headers, allocated together.
 type msgWithValues struct {

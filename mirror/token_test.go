@@ -178,30 +178,21 @@ func TestNewMsgWire(t *testing.T) {
 				HdrHost: "h", HdrSource: "s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// Also on header maps taken back from a message with every header and a fence
-			// (RecycleHeader): none of theirs may stay.
-			for _, recycled := range []bool{false, true} {
-				if recycled {
-					for range 4 {
-						full := DefaultNames().NewMsg(c, Line{Kind: KindBlob, EntryID: "zz", ParentID: "pp", EntryType: "t",
-							Ordinal: 9, Generation: 9, SHA256: "ff", BlobSize: 9, Format: "f", Host: "hh", Source: "ss"}, nil)
-						full.Header.Set("Nats-Expected-Last-Subject-Sequence", "8")
-						RecycleHeader(full)
-						if full.Header != nil {
-							t.Fatal("a recycled message keeps its header map")
-						}
-					}
-				}
+			// The map NewMsg fills and the block NewOutgoing encodes carry the same headers.
+			for _, encoded := range []bool{false, true} {
 				m := DefaultNames().NewMsg(c, tc.line, []byte("body"))
+				if encoded {
+					m = DefaultNames().NewOutgoing(c, tc.line, []byte("body")).Msg("")
+				}
 				if m.Subject != subject || string(m.Data) != "body" || m.Reply != "" {
 					t.Errorf("subject %q, data %q, reply %q", m.Subject, m.Data, m.Reply)
 				}
 				if len(m.Header) != len(tc.want) {
-					t.Errorf("recycled %v: %d headers, want %d: %v", recycled, len(m.Header), len(tc.want), m.Header)
+					t.Errorf("encoded %v: %d headers, want %d: %v", encoded, len(m.Header), len(tc.want), m.Header)
 				}
 				for k, v := range tc.want {
 					if got := m.Header[k]; len(got) != 1 || got[0] != v {
-						t.Errorf("recycled %v: %s: %q, want [%q]", recycled, k, got, v)
+						t.Errorf("encoded %v: %s: %q, want [%q]", encoded, k, got, v)
 					}
 				}
 			}

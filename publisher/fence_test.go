@@ -1,7 +1,6 @@
 package publisher
 
 import (
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,70 +13,66 @@ import (
 	"github.com/pisync/pisync/mirror"
 )
 
-// TestFenceNeverChangesASentMessage: fence puts the expected subject sequence on the
-// first unresolved line of a file only, and never changes a message once nats.go has it
-// (it.sent): nats.go may still encode it for a retry of its own while a reconciliation
-// resends the line fenced otherwise (the data race CI saw before send published a copy
-// of every message). A message not sent yet is fenced in place, and one that needs no
-// change is sent as it is: a back-fill's lines cost no copy.
-func TestFenceNeverChangesASentMessage(t *testing.T) {
+// TestFenceOnFirstUnresolvedLine: fence puts the expected subject sequence on the first
+// unresolved line of a file only, and on a back-fill's lines only until the file has an
+// acknowledgement of its own (onewriter.go). The fence goes into the header block of
+// that one send: the line's message, which a publish in flight may still read (nats.go's
+// retry after "no responders", the data race CI once saw), never changes.
+func TestFenceOnFirstUnresolvedLine(t *testing.T) {
 	const key = jetstream.ExpectedLastSubjSeqHeader
 	tests := []struct {
-		name     string
-		first    bool   // the item is the first of the queue
-		acked    uint64 // st.acked.StreamSeq
-		had      string // the message's fence before ("" none)
-		sent     bool
-		on       bool
-		live     bool   // appended since the file was opened
-		ownAck   bool   // a line of the file acknowledged since it was opened
-		want     string // the fence of the message returned
-		wantCopy bool
+		name   string
+		first  bool   // the item is the first of the queue
+		acked  uint64 // st.acked.StreamSeq
+		fenced uint64 // st.fenceSeq
+		on     bool
+		live   bool   // appended since the file was opened
+		ownAck bool   // a line of the file acknowledged since it was opened
+		want   string // the fence sent
 	}{
-		{name: "first line, not sent: fenced in place", first: true, acked: 7, on: true, want: "7"},
-		{name: "first line, sent unfenced: fenced on a copy", first: true, acked: 7, sent: true, on: true, want: "7", wantCopy: true},
-		{name: "sent fenced on an older sequence: a copy", first: true, acked: 9, had: "7", sent: true, on: true, want: "9", wantCopy: true},
-		{name: "sent fenced, no longer first: unfenced copy", acked: 9, had: "7", sent: true, on: true, wantCopy: true},
-		{name: "sent fenced as needed: as it is", first: true, acked: 7, had: "7", sent: true, on: true, want: "7"},
-		{name: "back-filled line behind the first, sent: as it is", acked: 7, sent: true, on: true},
-		{name: "fencing off (--unfenced): no fence", first: true, acked: 7, sent: true},
-		{name: "nothing acknowledged yet: no fence", first: true, sent: true, on: true},
-		{name: "not sent, fence dropped in place", acked: 7, had: "5", on: true},
+		{name: "first line: fenced on the acknowledged sequence", first: true, acked: 7, on: true, want: "7"},
+		{name: "first line, a newer sequence known: fenced on it", first: true, acked: 7, fenced: 9, on: true, want: "9"},
+		{name: "not first: no fence", acked: 9, on: true},
+		{name: "fencing off (--unfenced): no fence", first: true, acked: 7},
+		{name: "nothing acknowledged yet: no fence", first: true, on: true},
 		{name: "back-filled line first once the file's lines are acknowledged: no fence", first: true, acked: 7, ownAck: true, on: true},
 		{name: "live line first once the file's lines are acknowledged: fenced", first: true, acked: 7, ownAck: true, live: true, on: true, want: "7"},
 	}
+	owner, err := mirror.NewOwner("acme", "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := mirror.NewConv(owner, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			h := nats.Header{"Nats-Msg-Id": {"id"}, "Pisync-Kind": {"entry"}}
-			if tc.had != "" {
-				h.Set(key, tc.had)
-			}
-			before := maps.Clone(h)
-			orig := &nats.Msg{Subject: "s", Header: h, Data: []byte("x")}
-			it := &item{msg: orig, sent: tc.sent}
+			out := mirror.DefaultNames().NewOutgoing(conv, mirror.Line{Kind: mirror.KindEntry, EntryID: "e1",
+				Ordinal: 3, Generation: 1, SHA256: "ab"}, []byte("x"))
+			before := slices.Clone(out.Header(""))
+			it := &item{out: out}
 			st := &fileState{queue: []*item{{}, it}}
 			if tc.first {
 				st.queue = []*item{it, {}}
 			}
-			st.acked.StreamSeq, st.ownAck = tc.acked, tc.ownAck
+			st.acked.StreamSeq, st.fenceSeq, st.ownAck = tc.acked, tc.fenced, tc.ownAck
 			if tc.live {
 				st.liveFrom = -1 // it ends at 0, past it
 			}
 			got := fence(st, it, tc.on)
-			if got != it.msg {
-				t.Fatalf("returned a message that is not the line's")
+			if got != tc.want {
+				t.Fatalf("fence %q, want %q", got, tc.want)
 			}
-			if v := got.Header.Get(key); v != tc.want {
-				t.Errorf("fence %q, want %q", v, tc.want)
+			msg := out.Msg(got)
+			if v := msg.Header.Get(key); v != tc.want {
+				t.Errorf("header block fenced %q, want %q", v, tc.want)
 			}
-			if (got != orig) != tc.wantCopy {
-				t.Errorf("copied %v, want %v", got != orig, tc.wantCopy)
+			if msg.Header.Get(mirror.HdrEntryID) != "e1" || msg.Header.Get(mirror.HdrOrdinal) != "3" || string(msg.Data) != "x" {
+				t.Errorf("message changed beyond the fence: %+v", msg)
 			}
-			if tc.sent && !maps.EqualFunc(orig.Header, before, slices.Equal) {
-				t.Errorf("the sent message's headers changed: %v, were %v", orig.Header, before)
-			}
-			if got.Subject != "s" || string(got.Data) != "x" || got.Header.Get("Nats-Msg-Id") != "id" || got.Header.Get("Pisync-Kind") != "entry" {
-				t.Errorf("message changed beyond the fence: %+v", got)
+			if !slices.Equal(out.Header(""), before) {
+				t.Errorf("the line's own header block changed: %q, was %q", out.Header(""), before)
 			}
 		})
 	}

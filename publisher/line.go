@@ -128,7 +128,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		body = append([]byte(nil), data...) // the watcher's buffer is valid only during the call
 	}
 	it.kind = ml.Kind
-	it.msg, it.recycle = p.opts.Names.NewMsg(conv, ml, body), true
+	it.out = p.opts.Names.NewOutgoing(conv, ml, body)
 	it.weight = int64(len(body)) + 512
 	if err := p.acquire(ctx, it.weight); err != nil {
 		return err
@@ -252,18 +252,15 @@ func (p *Publisher) releaseSlot() {
 // send publishes it asynchronously and hands its record to the acknowledgement loop.
 func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	st.mu.Lock()
-	if it.msg == nil { // acknowledged meanwhile (a reconciliation found it in the mirror)
+	out := it.out
+	if out == nil { // acknowledged meanwhile (a reconciliation found it in the mirror)
 		st.mu.Unlock()
 		return nil
 	}
-	if it.sent {
-		it.recycle = false // a second publish: the first may still be nats.go's to retry
-	}
-	msg := fence(st, it, !p.opts.Unfenced)
-	it.sent = true // from now on msg is the async publisher's to read: a resend fenced otherwise copies it
+	seq := fence(st, it, !p.opts.Unfenced)
 	st.mu.Unlock()
 	epoch := p.gate.current()
-	rec, err := p.async.Publish(msg, p.ackReady)
+	rec, err := p.async.PublishEncoded(out.Subject, out.Header(seq), out.Data, p.ackReady)
 	st.mu.Lock()
 	if err != nil {
 		st.mu.Unlock()
@@ -346,12 +343,7 @@ func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
 		}
 		st.mu.Lock()
 	}
-	if it.recycle {
-		// The acknowledgement of the message's only publish: nats.go is done with it.
-		mirror.RecycleHeader(it.msg)
-		it.recycle = false
-	}
-	it.done, it.seq, it.msg = true, ack.Sequence, nil
+	it.done, it.seq, it.out = true, ack.Sequence, nil
 	st.ownAck = true
 	st.retry = nil // publishing works again: the next failure starts a fresh backoff
 	p.settle(st, it)
@@ -605,7 +597,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 			continue // an item sent meanwhile is resolved by its own acknowledgement
 		}
 		if h, ok := held[it.ordinal]; ok && h.holds(it.sha) {
-			it.done, it.seq, it.msg = true, h.seq, nil
+			it.done, it.seq, it.out = true, h.seq, nil
 			if it.slot {
 				it.slot = false
 				p.releaseSlot()

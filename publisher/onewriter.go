@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
@@ -61,51 +60,22 @@ func (p *Publisher) noteStoreGen(st *fileState, gen int) {
 	st.mu.Unlock()
 }
 
-// fence returns it's message as it is to be sent now: fenced (on) or not; the caller
-// holds st.mu. Only the first unresolved line of a file is fenced: the sequence the ones
-// behind it must follow is not known until it is acknowledged. Of a back-fill's lines
-// (not live) only those sent before any line of the file was acknowledged since it was
-// opened or reconciled (st.ownAck): the back-fill is fenced once (above).
+// fence returns the sequence it's message is to be fenced on if sent now (the expected
+// last sequence of its subject), "" for none; the caller holds st.mu. Only the first
+// unresolved line of a file is fenced (on): the sequence the ones behind it must follow is
+// not known until it is acknowledged. Of a back-fill's lines (not live) only those sent
+// before any line of the file was acknowledged since it was opened or reconciled
+// (st.ownAck): the back-fill is fenced once (above).
 //
-// A message once handed to nats.go is never changed: nats.go may still encode it (its own
-// retry after "no responders") while a reconciliation resends the line, fenced otherwise.
-// The fence then goes on a copy with its own header map. Most lines (a back-fill's) are
-// sent unfenced, once: they cost no copy.
-func fence(st *fileState, it *item, on bool) *nats.Msg {
-	if it.msg == nil {
-		return nil
-	}
-	want := ""
+// The fence is not written into the line's message: each send encodes its own header
+// block (mirror.Outgoing.Header), so a publish still in flight (nats.go's retry after "no
+// responders") never sees the fence of a later resend change under it.
+func fence(st *fileState, it *item, on bool) string {
 	if seq := max(st.acked.StreamSeq, st.fenceSeq); on && len(st.queue) > 0 && st.queue[0] == it && seq != 0 &&
 		(st.live(it) || !st.ownAck) {
-		want = strconv.FormatUint(seq, 10)
+		return strconv.FormatUint(seq, 10)
 	}
-	const key = jetstream.ExpectedLastSubjSeqHeader
-	if it.msg.Header.Get(key) == want {
-		return it.msg
-	}
-	if !it.sent {
-		if it.msg.Header == nil {
-			it.msg.Header = nats.Header{}
-		}
-		if want == "" {
-			it.msg.Header.Del(key)
-		} else {
-			it.msg.Header.Set(key, want)
-		}
-		return it.msg
-	}
-	h := make(nats.Header, len(it.msg.Header)+1)
-	for k, v := range it.msg.Header {
-		if k != key {
-			h[k] = v
-		}
-	}
-	if want != "" {
-		h.Set(key, want)
-	}
-	it.msg, it.recycle = &nats.Msg{Subject: it.msg.Subject, Header: h, Data: it.msg.Data}, false
-	return it.msg
+	return ""
 }
 
 // fenced reports whether err is the server refusing a fenced line: the subject holds a

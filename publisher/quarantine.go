@@ -50,13 +50,7 @@ func (p *Publisher) msgSize(ml mirror.Line, n int64) int64 {
 	if err != nil {
 		return n
 	}
-	h := p.opts.Names.NewMsg(c, ml, nil).Header
-	size := int64(len("NATS/1.0\r\n\r\n"))
-	for k, vs := range h {
-		for _, v := range vs {
-			size += int64(len(k) + len(v) + 4)
-		}
-	}
+	size := int64(len(p.opts.Names.NewOutgoing(c, ml, nil).Header("")))
 	// The conversation key and subject are not in ml: leave room for the longest.
 	return n + size + 2*256
 }
@@ -95,19 +89,15 @@ func permanentFailure(err error) string {
 // any failed publish.
 func (p *Publisher) refused(ctx context.Context, st *fileState, it *item, cause error) {
 	st.mu.Lock()
-	msg, kind, again := it.msg, it.kind, it.reblob
+	out, kind, again := it.out, it.kind, it.reblob
 	it.reblob = true
 	st.mu.Unlock()
-	if msg == nil || kind == mirror.KindBlob || again {
+	if out == nil || kind == mirror.KindBlob || again {
 		p.quarantine(st, it, cause)
 		return
 	}
-	l, err := mirror.ParseLine(msg.Header)
-	if err != nil {
-		p.quarantine(st, it, cause)
-		return
-	}
-	uploaded, err := p.writer.PutBlob(ctx, it.sha, bytes.NewReader(msg.Data))
+	l := out.Line
+	uploaded, err := p.writer.PutBlob(ctx, it.sha, bytes.NewReader(out.Data))
 	if err != nil {
 		if permanentFailure(err) != "" {
 			p.quarantine(st, it, err)
@@ -128,7 +118,7 @@ func (p *Publisher) refused(ctx context.Context, st *fileState, it *item, cause 
 	}
 	l.Kind, l.BlobSize = mirror.KindBlob, it.length
 	st.mu.Lock()
-	it.msg, it.recycle = p.opts.Names.NewMsg(st.conv, l, nil), false
+	it.out = p.opts.Names.NewOutgoing(st.conv, l, nil)
 	it.kind, it.inFlight = mirror.KindBlob, false
 	st.mu.Unlock()
 	p.log.Info("line refused whole by the server; sent as a blob", zap.String("path", st.file.Path),
@@ -149,7 +139,7 @@ func (p *Publisher) quarantine(st *fileState, it *item, cause error) {
 		st.mu.Unlock()
 		return
 	}
-	it.done, it.dropped, it.inFlight, it.msg = true, true, false, nil
+	it.done, it.dropped, it.inFlight, it.out = true, true, false, nil
 	path, conv := st.file.Path, st.conv.Key
 	// Reported before the frontier passes it: whoever sees the file mirrored must find
 	// the line on the status page and in the metric (TestRefusedLineQuarantinedOthersFlow

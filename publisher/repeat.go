@@ -23,10 +23,10 @@ import (
 // idMayRepeat reports whether it carries an entry id taken from the line (the header and
 // lines mirrored under their ordinal cannot collide with another line's).
 func (it *item) idMayRepeat() bool {
-	if it.msg == nil || it.kind == mirror.KindHeader || it.kind == mirror.KindRaw {
+	if it.out == nil || it.kind == mirror.KindHeader || it.kind == mirror.KindRaw {
 		return false
 	}
-	return it.msg.Header.Get(mirror.HdrEntryID) != mirror.OrdinalID(it.ordinal)
+	return it.out.Line.EntryID != mirror.OrdinalID(it.ordinal)
 }
 
 // repeatedID looks at the message the server holds under it's message id. When it is
@@ -42,10 +42,7 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 	if held.Ordinal == it.ordinal {
 		return false, nil // a retry of this very line
 	}
-	l, err := mirror.ParseLine(it.msg.Header)
-	if err != nil {
-		return false, err
-	}
+	l := it.out.Line
 	p.m.repeatedIDs.Inc()
 	p.log.Warn("entry id already used by an earlier line of this generation; mirrored under its line number as raw",
 		zap.String("path", st.file.Path), zap.Int64("line", it.ordinal+1), zap.Int64("first_line", held.Ordinal+1),
@@ -55,7 +52,7 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 		l.Kind, l.EntryType, l.ParentID = mirror.KindRaw, "", ""
 	}
 	st.mu.Lock()
-	it.msg, it.recycle = p.opts.Names.NewMsg(st.conv, l, it.msg.Data), false
+	it.out = p.opts.Names.NewOutgoing(st.conv, l, it.out.Data)
 	// it.entry stays: Pi moves its leaf to a repeated id as to any entry, and so do the
 	// head and recovery (which applies the leaf rule to a raw line that is an entry with
 	// a valid id: only a repeat is mirrored so).

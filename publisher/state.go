@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/pisync/pisync/checkpoint"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
@@ -79,7 +77,7 @@ type item struct {
 	env      session.Envelope
 	entry    bool // env is valid (the leaf rule applies)
 	kind     mirror.Kind
-	msg      *nats.Msg // kept until acknowledged, so a retry resends the same bytes and id
+	out      *mirror.Outgoing // kept until acknowledged, so a retry resends the same bytes and id
 	seen     time.Time
 	weight   int64 // bytes taken from the window
 	done     bool
@@ -89,10 +87,6 @@ type item struct {
 	dropped  bool // quarantined: refused for good, the frontier passes it unmirrored
 	slot     bool // holds one of the window's message slots until resolved
 	waiting  bool // a live line queued behind an unresolved one: sent when it resolves
-	sent     bool // msg was handed to nats.go: never changed again (fence)
-	// recycle: msg is the one Line built, handed to nats.go at most once; its header map
-	// goes back to mirror.RecycleHeader when that publish is acknowledged.
-	recycle bool
 }
 
 // frontier is the acknowledged position in a file: the numbers of a checkpoint.Record,
