@@ -131,32 +131,50 @@ func (n Names) headers(c Conv, l Line) (string, headerList) {
 }
 
 // Outgoing is the message of one line as the publisher sends it: its header block
-// encoded once, with the line's metadata beside it, so that no header map is built or
-// walked per line (a map of a dozen headers, filled and then encoded by nats.go, was a
-// tenth of the daemon's CPU: bench/RESULTS.md, issue 15). It does not change once
-// built: a publish in flight may still read it.
+// encoded once and the line's bytes, in one buffer, with the line's metadata beside them,
+// so that no header map is built or walked per line (a map of a dozen headers, filled and
+// then encoded by nats.go, was a tenth of the daemon's CPU: bench/RESULTS.md, issue 15).
+// It does not change once built: a publish in flight may still read it.
 type Outgoing struct {
 	Subject string
 	Line    Line
-	Data    []byte // the line's bytes; empty for a blob reference
+	Data    []byte // the line's bytes; nil for a blob reference
 	hdr     []byte // the header block, ending in its blank line
+	buf     *[]byte
 }
 
 // NewOutgoing builds the message of one line of conversation c, as NewMsg but with its
-// headers encoded as nats.go encodes NewMsg's.
+// headers encoded as nats.go encodes NewMsg's. body is copied: the caller may reuse it.
 func (n Names) NewOutgoing(c Conv, l Line, body []byte) *Outgoing {
 	subject, hs := n.headers(c, l)
 	size := len(hdrLine) + len(crlf)
 	for _, kv := range hs.kv[:hs.n] {
 		size += len(kv[0]) + len(kv[1]) + 4
 	}
-	// Room for a fence's line, so that a fenced header block seldom needs a second copy.
-	b := make([]byte, 0, size+len(fenceKey)+24)
-	b = append(b, hdrLine...)
+	buf := lineBuffers.get(size + len(body))
+	b := append((*buf)[:0], hdrLine...)
 	for _, kv := range hs.kv[:hs.n] {
 		b = appendHeaderLine(b, kv[0], kv[1])
 	}
-	return &Outgoing{Subject: subject, Line: l, Data: body, hdr: append(b, crlf...)}
+	b = append(b, crlf...)
+	h := len(b)
+	b = append(b, body...)
+	*buf = b
+	o := &Outgoing{Subject: subject, Line: l, hdr: b[:h:h], buf: buf}
+	if len(body) > 0 {
+		o.Data = b[h:len(b):len(b)]
+	}
+	return o
+}
+
+// Release hands o's buffer back for another line's message. The caller must be sure that
+// nothing reads o any more: every publish of it is resolved (a publish's record holds
+// its bytes until then) and o is dropped.
+func (o *Outgoing) Release() {
+	if o.buf != nil {
+		lineBuffers.put(o.buf)
+	}
+	*o = Outgoing{}
 }
 
 // Header is the header block to send: o's, with fence (a stream sequence) as the
@@ -166,7 +184,7 @@ func (o *Outgoing) Header(fence string) []byte {
 	if fence == "" {
 		return o.hdr
 	}
-	b := make([]byte, 0, len(o.hdr)+len(fenceKey)+len(fence)+4)
+	b := make([]byte, 0, len(o.hdr)+len(fenceKey)+len(fence)+len(": \r\n"))
 	b = append(b, o.hdr[:len(o.hdr)-len(crlf)]...)
 	b = appendHeaderLine(b, fenceKey, fence)
 	return append(b, crlf...)

@@ -23,6 +23,7 @@ import (
 type pending struct {
 	st    *fileState
 	it    *item
+	out   *mirror.Outgoing // the message sent
 	ack   *mirror.Pending
 	epoch uint64 // the gate's epoch when it was sent
 }
@@ -59,7 +60,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		return p.enqueueResolved(st, it)
 	}
 
-	data, owned := l.Data, false // owned: data is not the watcher's buffer, the message may keep it
+	data := l.Data
 	var sum [sha256.Size]byte
 	var prefix []byte // the first bytes of a line too long to hold, for its envelope
 	if data == nil {
@@ -68,7 +69,6 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
-		owned = data != nil
 	} else {
 		sum = sha256.Sum256(data)
 	}
@@ -122,13 +122,11 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 			return err
 		}
 		ml.Kind, ml.BlobSize = mirror.KindBlob, l.Len
-	} else if owned {
-		body = data
 	} else {
-		body = append([]byte(nil), data...) // the watcher's buffer is valid only during the call
+		body = data // NewOutgoing copies it: the watcher's buffer is valid only during the call
 	}
 	it.kind = ml.Kind
-	it.out = p.opts.Names.NewOutgoing(conv, ml, body)
+	it.setOut(p.opts.Names.NewOutgoing(conv, ml, body))
 	it.weight = int64(len(body)) + 512
 	if err := p.acquire(ctx, it.weight); err != nil {
 		return err
@@ -258,6 +256,7 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 		return nil
 	}
 	seq := fence(st, it, !p.opts.Unfenced)
+	it.sends++
 	st.mu.Unlock()
 	epoch := p.gate.current()
 	rec, err := p.async.PublishEncoded(out.Subject, out.Header(seq), out.Data, p.ackReady)
@@ -274,7 +273,7 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	it.inFlight = true
 	st.mu.Unlock()
 	select {
-	case p.acks <- pending{st: st, it: it, ack: rec, epoch: epoch}:
+	case p.acks <- pending{st: st, it: it, out: out, ack: rec, epoch: epoch}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -342,6 +341,11 @@ func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
 			return
 		}
 		st.mu.Lock()
+	}
+	if it.out == pd.out && it.sends == 1 {
+		// The acknowledgement of the message's only publish, whose record is released:
+		// nothing reads the message any more.
+		it.out.Release()
 	}
 	it.done, it.seq, it.out = true, ack.Sequence, nil
 	st.ownAck = true

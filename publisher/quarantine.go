@@ -50,7 +50,9 @@ func (p *Publisher) msgSize(ml mirror.Line, n int64) int64 {
 	if err != nil {
 		return n
 	}
-	size := int64(len(p.opts.Names.NewOutgoing(c, ml, nil).Header("")))
+	out := p.opts.Names.NewOutgoing(c, ml, nil)
+	size := int64(len(out.Header("")))
+	out.Release()
 	// The conversation key and subject are not in ml: leave room for the longest.
 	return n + size + 2*256
 }
@@ -118,7 +120,7 @@ func (p *Publisher) refused(ctx context.Context, st *fileState, it *item, cause 
 	}
 	l.Kind, l.BlobSize = mirror.KindBlob, it.length
 	st.mu.Lock()
-	it.out = p.opts.Names.NewOutgoing(st.conv, l, nil)
+	it.setOut(p.opts.Names.NewOutgoing(st.conv, l, nil))
 	it.kind, it.inFlight = mirror.KindBlob, false
 	st.mu.Unlock()
 	p.log.Info("line refused whole by the server; sent as a blob", zap.String("path", st.file.Path),

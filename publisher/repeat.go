@@ -52,7 +52,7 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 		l.Kind, l.EntryType, l.ParentID = mirror.KindRaw, "", ""
 	}
 	st.mu.Lock()
-	it.out = p.opts.Names.NewOutgoing(st.conv, l, it.out.Data)
+	it.setOut(p.opts.Names.NewOutgoing(st.conv, l, it.out.Data))
 	// it.entry stays: Pi moves its leaf to a repeated id as to any entry, and so do the
 	// head and recovery (which applies the leaf rule to a raw line that is an entry with
 	// a valid id: only a repeat is mirrored so).

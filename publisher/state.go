@@ -78,6 +78,7 @@ type item struct {
 	entry    bool // env is valid (the leaf rule applies)
 	kind     mirror.Kind
 	out      *mirror.Outgoing // kept until acknowledged, so a retry resends the same bytes and id
+	sends    int              // publishes of out: its buffer is reused only after the one of a single publish
 	seen     time.Time
 	weight   int64 // bytes taken from the window
 	done     bool
@@ -199,4 +200,9 @@ func (st *fileState) oldestSeen() time.Time {
 		return time.Time{}
 	}
 	return st.queue[0].seen
+}
+
+// setOut gives it a new message, not yet sent. The caller holds st.mu, or owns it alone.
+func (it *item) setOut(out *mirror.Outgoing) {
+	it.out, it.sends = out, 0
 }
