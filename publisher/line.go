@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,8 +65,16 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	var sum [sha256.Size]byte
 	var prefix []byte // the first bytes of a line too long to hold, for its envelope
 	if data == nil {
+		var into *[]byte
+		if l.Len > p.opts.BlobThreshold {
+			// Going the blob way: the message will not keep these bytes, so they are read
+			// into a buffer kept for the next such line. Allocating one afresh for each
+			// (up to 16 MiB) kept the runtime returning pages to the system.
+			into = blobReads.Get().(*[]byte)
+			defer blobReads.Put(into)
+		}
 		var err error
-		data, prefix, sum, err = readAgain(l)
+		data, prefix, sum, err = readAgain(l, into)
 		if err != nil {
 			return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
 		}
@@ -650,12 +659,16 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 // line, or changed its middle without changing its length, leaves a full-length section
 // of other bytes, which would be mirrored as a line no file held under that ordinal
 // (torture T20).
-func readAgain(l watcher.Line) (data, prefix []byte, sum [sha256.Size]byte, err error) {
+func readAgain(l watcher.Line, into *[]byte) (data, prefix []byte, sum [sha256.Size]byte, err error) {
 	if l.SHA256 == nil {
 		return nil, nil, sum, fmt.Errorf("line at offset %d handed over with neither its bytes nor their digest", l.Offset)
 	}
 	if l.Len <= session.MaxBufferedLine {
-		data, err = readSection(l.Src, l.Offset, l.Len)
+		if into != nil {
+			data, err = readSectionInto(into, l.Src, l.Offset, l.Len)
+		} else {
+			data, err = readSection(l.Src, l.Offset, l.Len)
+		}
 		if err == nil {
 			sum = sha256.Sum256(data)
 		}
@@ -699,15 +712,24 @@ func digestSection(src io.ReaderAt, offset, length int64) (prefix []byte, sum [s
 // with). A short read means the file changed under the line: the watcher reopens it
 // (ErrReopen); the bytes are never padded.
 func readSection(src io.ReaderAt, offset, n int64) ([]byte, error) {
-	buf := make([]byte, n)
-	got, err := src.ReadAt(buf, offset)
+	var buf []byte
+	return readSectionInto(&buf, src, offset, n)
+}
+
+// readSectionInto is readSection into *buf, grown if it is too small.
+func readSectionInto(buf *[]byte, src io.ReaderAt, offset, n int64) ([]byte, error) {
+	if int64(cap(*buf)) < n {
+		*buf = make([]byte, n)
+	}
+	b := (*buf)[:n]
+	got, err := src.ReadAt(b, offset)
 	if int64(got) < n {
 		if err == nil || errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, got, n, watcher.ErrReopen)
 		}
 		return nil, err
 	}
-	return buf, nil
+	return b, nil
 }
 
 // typeLabel is the type label of a published line: any type Pi does not write today (a
@@ -724,3 +746,6 @@ func typeLabel(it *item) string {
 	}
 	return "other"
 }
+
+// blobReads keeps the buffers lines going the blob way are read back into (readAgain).
+var blobReads = sync.Pool{New: func() any { return new([]byte) }}

@@ -14,7 +14,8 @@ import (
 // once its only publish is acknowledged (mirror.Outgoing.Release) and carries the next
 // lines. With a window of 8 messages, each batch of lines is built in the buffers of the
 // batch before it, across files read by concurrent workers, in the size classes lines of
-// 0.1–6 KB fall into: every line must still be mirrored with its own bytes and digest.
+// 0.1–6 KB fall into, and lines of 0.6–2.6 MB are read back into one reused buffer on
+// their way to the object store: every line must still be mirrored with its own bytes.
 func TestLineBuffersReusedKeepTheirBytes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -25,7 +26,13 @@ func TestLineBuffersReusedKeepTheirBytes(t *testing.T) {
 	for i := range 6 {
 		f := sessiontest.New(rng, root, "/home/dev/p", sessiontest.Format(i%4))
 		lines := [][]byte{f.HeaderLine("/home/dev/p")}
-		for range 100 {
+		for k := range 100 {
+			if k%40 == 20 {
+				// Over the watcher's inline limit: read back whole (readAgain) into the
+				// buffer the line before of this kind was read into, and sent as a blob.
+				lines = append(lines, f.Entry(600<<10+rng.IntN(2<<20)))
+				continue
+			}
 			lines = append(lines, f.Entry(100+rng.IntN(6000)))
 		}
 		if err := f.Append(lines...); err != nil {
