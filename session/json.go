@@ -52,7 +52,7 @@ func scanString(b []byte, i int) (end int, esc bool, err error) {
 	return scanStringSWAR(b, i)
 }
 
-// scanStringSWAR is scanString eight bytes a word, for any architecture.
+// scanStringSWAR is scanString eight bytes a word, on any architecture.
 func scanStringSWAR(b []byte, i int) (end int, esc bool, err error) {
 	for {
 		// Skip ordinary bytes sixteen, then eight at a time: strings are most of a line.
@@ -90,31 +90,24 @@ func scanStringSWAR(b []byte, i int) (end int, esc bool, err error) {
 			return i, esc, nil
 		case '\\':
 			esc = true
-			if i, err = skipEscape(b, i); err != nil {
-				return i, esc, err
+			if i+1 >= len(b) {
+				return i, esc, malformed(i, "unterminated escape")
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || hex4(b[i+2:i+6]) < 0 {
+					return i, esc, malformed(i, "invalid \\u escape")
+				}
+				i += 6
+			default:
+				return i, esc, malformed(i, "invalid escape")
 			}
 		default:
 			return i, esc, malformed(i, "control character in string")
 		}
 	}
-}
-
-// skipEscape validates the escape at b[i] (a backslash) and returns the index
-// after it, or i and the error.
-func skipEscape(b []byte, i int) (int, error) {
-	if i+1 >= len(b) {
-		return i, malformed(i, "unterminated escape")
-	}
-	switch b[i+1] {
-	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-		return i + 2, nil
-	case 'u':
-		if i+6 > len(b) || hex4(b[i+2:i+6]) < 0 {
-			return i, malformed(i, "invalid \\u escape")
-		}
-		return i + 6, nil
-	}
-	return i, malformed(i, "invalid escape")
 }
 
 // hex4 decodes four hex digits, or returns -1.

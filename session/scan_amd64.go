@@ -3,6 +3,7 @@
 package session
 
 import (
+	"encoding/binary"
 	"math/bits"
 
 	"golang.org/x/sys/cpu"
@@ -11,70 +12,54 @@ import (
 // useSIMD selects scanStringSIMD; tests turn it off to run the SWAR path.
 var useSIMD = cpu.X86.HasAVX2
 
-// windowMasks looks at b 64 bytes at a time, while 64 remain, for the first
-// window holding a '"', a '\\' or a byte below 0x20. It returns the window's
-// offset in b and, bit k for b[off+k], which of its bytes are '"', '\\', below
-// 0x20, and none of the bytes that may follow a backslash but 'u' (bad). When
-// fewer than 64 bytes remain without one, it returns their offset and zero
-// masks. It needs AVX2.
+// scanWindows scans the string contents b[i:], where no escape is under way,
+// for its end a 64-byte window at a time (the last window being the last 64
+// bytes of b, less those before i). In each, which bytes are escaped follows
+// from the runs of backslashes alone, so the first unescaped '"' or control
+// byte is found by bit operations, and it is enough to check that the bytes
+// escaped before it are ones a simple escape allows. A window where one is
+// not (a \u escape or an invalid one), or whose last byte escapes the next,
+// is returned to be walked: k is its start, n its length and m its special
+// bytes. Otherwise m is 0 and k the first unescaped '"' or control byte, or
+// len(b). esc says whether a window before k held a backslash. It needs
+// AVX2 and len(b) >= 64.
 //
 //go:noescape
-func windowMasks(b []byte) (off int, quote, bslash, ctl, bad uint64)
+func scanWindows(b []byte, i int) (k int, m uint64, n int, esc bool)
 
-// scanStringSIMD is scanString a 64-byte window at a time, each classified
-// once by windowMasks rather than searched again after every escape.
-//
-// A window starts where no escape is under way, so which of its bytes are
-// escaped follows from the runs of backslashes alone: the closing quote is the
-// first unescaped '"', and only the bytes escaped before it need checking. A
-// window whose escapes are all simple (not \u, not invalid, not running past
-// it) is settled by bit operations; any other is walked special byte by
-// special byte, exactly as scanStringSWAR does.
+// scanStringSIMD is scanString with scanWindows, walking the special bytes of a
+// window in turn only where scanWindows cannot settle it.
 func scanStringSIMD(b []byte, i int) (end int, esc bool, err error) {
 	if len(b) < 64 {
 		return scanStringSWAR(b, i)
 	}
-	for {
-		var quote, bslash, ctl, bad uint64
-		n := 64 // bytes of b the window covers from i
-		switch {
-		case len(b)-i >= 64:
-			var off int
-			off, quote, bslash, ctl, bad = windowMasks(b[i:])
-			i += off
-			if quote|bslash|ctl == 0 {
-				continue // fewer than 64 bytes are left
-			}
-		case i >= len(b):
-			return i, esc, malformed(i, "unterminated string")
-		default:
-			// The last 64 bytes of b, shifted so that bit 0 is b[i].
-			s := len(b) - 64
-			_, quote, bslash, ctl, bad = windowMasks(b[s:])
-			sh := uint(i - s)
-			quote, bslash, ctl, bad = quote>>sh, bslash>>sh, ctl>>sh, bad>>sh
-			n = len(b) - i
+	// Most strings of a line are short keys and values: one SWAR step settles
+	// those that end within 16 bytes without an escape, for less than a call.
+	if i+16 <= len(b) {
+		w := b[i : i+16]
+		k := i
+		m := specialMask(binary.LittleEndian.Uint64(w))
+		if m == 0 {
+			k += 8
+			m = specialMask(binary.LittleEndian.Uint64(w[8:]))
 		}
-
-		escaped, past := escapedBytes(bslash)
-		past |= escaped >> uint(n) & 1 // the last byte of a short window escapes b[len(b)]
-		stop := quote&^escaped | ctl
-		upTo := stop ^ (stop - 1) // the bits up to and including the first of stop; all without one
-		if escaped&bad&upTo == 0 && (stop != 0 || past == 0) {
-			esc = esc || bslash&upTo != 0
-			if stop == 0 {
-				i += n
-				continue
+		if k += bits.TrailingZeros64(m) >> 3; m != 0 && b[k] == '"' {
+			return k, false, nil
+		}
+	}
+	for {
+		k, m, n, e := scanWindows(b, i)
+		esc = esc || e
+		if m == 0 {
+			if k >= len(b) {
+				return k, esc, malformed(k, "unterminated string")
 			}
-			k := i + bits.TrailingZeros64(stop)
 			if b[k] == '"' {
 				return k, esc, nil
 			}
 			return k, esc, malformed(k, "control character in string")
 		}
-
-		// The walk of a window: its special bytes in turn.
-		m := quote | bslash | ctl
+		i = k
 		next := i // where the last escape of the window ends
 		for m != 0 {
 			j := bits.TrailingZeros64(m)
@@ -88,10 +73,13 @@ func scanStringSIMD(b []byte, i int) (end int, esc bool, err error) {
 					next = k + 2
 					continue
 				}
-				if next, err = skipEscape(b, k); err != nil {
-					return k, esc, err
+				if k+6 <= len(b) && b[k+1] == 'u' && hex4(b[k+2:k+6]) >= 0 {
+					next = k + 6
+					continue
 				}
-				continue
+				// An invalid escape: the SWAR scan reports it.
+				end, _, err = scanStringSWAR(b, k)
+				return end, esc, err
 			}
 			if c == '"' {
 				return k, esc, nil
@@ -100,20 +88,6 @@ func scanStringSIMD(b []byte, i int) (end int, esc bool, err error) {
 		}
 		i = max(i+n, next)
 	}
-}
-
-// escapedBytes returns the bits of the bytes that a backslash escapes, given
-// the backslashes of a window in which no escape is under way at bit 0, and
-// whether the byte after the window is escaped: in a run of backslashes, every
-// second one escapes the next byte. This is simdjson's odd-run trick: adding
-// the starts of the runs that begin on odd bits carries through those runs,
-// which flips their parity relative to the even bits.
-func escapedBytes(bslash uint64) (escaped, past uint64) {
-	const even = 0x5555555555555555
-	follows := bslash << 1
-	oddStarts := bslash &^ even &^ follows
-	evenRuns, carry := bits.Add64(oddStarts, bslash, 0)
-	return (even ^ evenRuns<<1) & follows, carry
 }
 
 // simpleEscape holds the bytes that may follow a backslash, but for 'u'.

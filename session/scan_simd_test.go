@@ -2,6 +2,7 @@ package session
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -57,4 +58,19 @@ func FuzzScanString(f *testing.F) {
 			sameScan(t, b, i)
 		}
 	})
+}
+
+// TestScanStringBackslashRuns compares the two string scans on runs of
+// backslashes of every length ending at every byte of the first windows, and
+// on what follows the run: which bytes a run escapes depends on its parity.
+func TestScanStringBackslashRuns(t *testing.T) {
+	for _, after := range []string{`"`, `n`, `u0041"`, `u00"`, `x"`, "\x01", `\"`, ``} {
+		for run := 1; run <= 9; run++ {
+			for end := run; end <= 140; end++ {
+				b := []byte(strings.Repeat("a", end-run) + strings.Repeat(`\`, run) + after)
+				sameScan(t, b, 0)
+				sameScan(t, append(b, strings.Repeat("b", 70)+`"`...), 0)
+			}
+		}
+	}
 }
