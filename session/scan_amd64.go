@@ -21,8 +21,8 @@ var useSIMD = cpu.X86.HasAVX2
 // not (a \u escape or an invalid one), or whose last byte escapes the next,
 // is returned to be walked: k is its start, n its length and m its special
 // bytes. Otherwise m is 0 and k the first unescaped '"' or control byte, or
-// len(b). esc says whether a window before k held a backslash. It needs
-// AVX2 and len(b) >= 64.
+// len(b). esc says whether b[i:k] holds a backslash. It needs AVX2 and
+// len(b) >= 64.
 //
 //go:noescape
 func scanWindows(b []byte, i int) (k int, m uint64, n int, esc bool)

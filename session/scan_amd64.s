@@ -119,12 +119,8 @@ tail:
 	MOVQ  DX, AX
 
 unterminated:
-	MOVQ AX, k+32(FP)
-	MOVQ $0, m+40(FP)
-	MOVQ $0, n+48(FP)
-	MOVB R8, esc+56(FP)
-	VZEROUPPER
-	RET
+	XORQ R9, R9
+	JMP  done
 
 escapes:
 	// R13 = the escaped bytes of the window, and BX = 1 if the byte after the
@@ -193,12 +189,8 @@ stops:
 clean:
 	BSRQ DI, DI
 	ADDQ DI, AX
-	MOVQ AX, k+32(FP)
-	MOVQ $0, m+40(FP)
-	MOVQ $0, n+48(FP)
-	MOVB R8, esc+56(FP)
-	VZEROUPPER
-	RET
+	XORQ R9, R9
+	JMP  done
 
 nostop:
 	TESTQ R10, R10
@@ -214,8 +206,11 @@ next:
 	JMP  loop
 
 walk:
-	ORQ  R10, R9
-	ORQ  R11, R9
+	ORQ R10, R9
+	ORQ R11, R9
+
+done:
+	// R9 is 0 but for a window to walk (and then R12 its length).
 	MOVQ AX, k+32(FP)
 	MOVQ R9, m+40(FP)
 	MOVQ R12, n+48(FP)
