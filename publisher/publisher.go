@@ -113,6 +113,8 @@ type Publisher struct {
 	// Files inside Open: the keys they claimed are theirs before their state is registered.
 	opening   map[watcher.FileID]int
 	openingAt map[watcher.FileID]watcher.File // the files as the watcher announced them (log lines, Progress)
+	// openingKeys is the key each Open in progress claimed (claimKey).
+	openingKeys map[watcher.FileID]string
 	// Deleted files are forgotten once their last state is recorded (see forgetGone), so
 	// that a daemon running for months holds no state for files removed long ago.
 	goneFiles map[*fileState]struct{} // reported Gone, not forgotten yet
@@ -188,7 +190,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
 		byConv:     map[string]watcher.FileID{},
 		clashKeyed: map[string]int{}, clashesSeen: map[string]bool{},
-		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]watcher.File{},
+		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]watcher.File{}, openingKeys: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),
 		storeGens: map[string]int{},

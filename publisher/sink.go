@@ -208,11 +208,13 @@ func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) st
 		p.mu.Lock()
 		owner, taken := p.byConv[key]
 		if !taken || owner == f.ID {
-			p.byConv[key] = f.ID
+			p.claimLocked(f, key)
 			p.mu.Unlock()
 			return key
 		}
-		other, live := p.files[owner], p.opening[owner] > 0
+		// An Open in progress keeps the key it claimed; not one claimed under its inode
+		// number by a file that number belonged to before (torture T28).
+		other, live := p.files[owner], p.opening[owner] > 0 && p.openingKeys[owner] == key
 		var otherFile watcher.File
 		if !live && other != nil {
 			other.mu.Lock()
@@ -234,7 +236,7 @@ func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) st
 			}
 		}
 		if !live {
-			p.byConv[key] = f.ID
+			p.claimLocked(f, key)
 			p.mu.Unlock()
 			return key
 		}
@@ -249,7 +251,7 @@ func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) st
 		if alt == key {
 			alt = clashKey(key, f)
 		}
-		p.byConv[alt] = f.ID
+		p.claimLocked(f, alt)
 		p.clashesSeen[id] = true
 		p.mu.Unlock()
 		p.m.clashes.Inc()
@@ -380,6 +382,15 @@ func (p *Publisher) mirroredWithoutHead(ctx context.Context, c mirror.Conv, f wa
 	return errors.Is(err, errFound) && first.Host == p.opts.Host && first.Source == f.Rel
 }
 
+// claimLocked gives key to f; an Open in progress of f keeps it until it ends. The caller
+// holds p.mu.
+func (p *Publisher) claimLocked(f watcher.File, key string) {
+	p.byConv[key] = f.ID
+	if p.opening[f.ID] > 0 {
+		p.openingKeys[f.ID] = key
+	}
+}
+
 // beginOpen marks f as being opened: a conversation key it claims stays its own until
 // endOpen, although its state is registered only at the end of Open.
 func (p *Publisher) beginOpen(f watcher.File) {
@@ -394,6 +405,7 @@ func (p *Publisher) endOpen(f watcher.File) {
 	if p.opening[f.ID]--; p.opening[f.ID] <= 0 {
 		delete(p.opening, f.ID)
 		delete(p.openingAt, f.ID)
+		delete(p.openingKeys, f.ID)
 	}
 	p.mu.Unlock()
 }
