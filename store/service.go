@@ -117,40 +117,38 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 	later := func() {}
 	defer func() { later() }() // once the reply is sent: the head an append left to write
 	reply, e := s.dispatch(ctx, op, r, &later)
+	msg := &nats.Msg{Subject: r.Reply()}
 	code := CodeOK
 	if e != nil {
 		code = e.Code
-		body, _ := json.Marshal(struct {
+		msg.Data, _ = json.Marshal(struct {
 			OK    bool   `json:"ok"`
 			Error *Error `json:"error"`
 		}{false, e})
-		hdr := nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {httpCode(e.Code)}}
-		if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Header: hdr, Data: body}); err != nil {
-			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
-		}
+		msg.Header = nats.Header{micro.ErrorHeader: {e.Message}, micro.ErrorCodeHeader: {httpCode(e.Code)}}
 		if e.Code == CodeUnavailable {
 			s.log.Warn("request failed", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("error", e.Message))
 		}
 	} else {
-		var body []byte
 		var err error
 		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
-			body, err = r.replyJSON() // encoded as it was built (open's entries)
+			msg.Data, err = r.replyJSON() // encoded as it was built (open's entries)
 		} else {
-			body, err = json.Marshal(reply)
+			msg.Data, err = json.Marshal(reply)
 		}
 		if err != nil {
 			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
 			return
 		}
-		if err := nc.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: body}); err != nil {
-			s.log.Debug("reply", zap.String("op", op), zap.Error(err))
-		}
 		if op == "append" {
 			s.m.appendLat.Observe(time.Since(start).Seconds())
 		}
 	}
+	// Counted before the reply leaves: a client that has its answer finds it in /metrics.
 	s.m.requests.WithLabelValues(op, code).Inc()
+	if err := nc.PublishMsg(msg); err != nil {
+		s.log.Debug("reply", zap.String("op", op), zap.Error(err))
+	}
 }
 
 // okReply wraps a successful reply's fields with "ok": true.
