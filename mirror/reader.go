@@ -485,54 +485,84 @@ func (b BadHead) Warning() string {
 
 // ListHeads lists the heads of every conversation of the reader's owner, ordered by key.
 // A value that does not decode is skipped and returned in Bad, so that one bad value
-// hides nothing else. It reads the heads with one watch of the owner's keys, which
-// delivers each key's value, rather than listing the keys and getting each (a round
-// trip per conversation).
+// hides nothing else. It reads the heads with one watch of the owner's keys rather than
+// listing the keys and getting each (a round trip per conversation).
+//
+// The watch's end-of-values marker is not proof that every key was delivered: while heads
+// are written, the server's count of what is pending can reach 0 before a key rewritten
+// during the watch is delivered again (TestListHeadsWhileHeadsAreWritten). So the keys
+// the bucket holds are listed too, from the heads stream's subjects, and a key the watch
+// missed is read by itself: none with a quiet bucket, the few being written otherwise.
 func (r *Reader) ListHeads(ctx context.Context) (HeadList, error) {
 	prefix := r.owner.KeyPrefix()
-	w, err := r.heads.WatchFiltered(ctx, []string{prefix + "*"}, jetstream.IgnoreDeletes())
+	w, err := r.heads.WatchFiltered(ctx, []string{prefix + "*"})
 	if err != nil {
 		return HeadList{}, fmt.Errorf("list heads: %w", err)
 	}
-	defer w.Stop() //nolint:errcheck // the watch is over either way
-	type keyed struct {
-		key  string
-		head Head
-	}
-	var all []keyed
-	var list HeadList
-	for {
-		var e jetstream.KeyValueEntry
+	defer w.Stop()                               //nolint:errcheck // the watch is over either way
+	last := map[string]jetstream.KeyValueEntry{} // deletes included: a key seen is a key settled
+	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			return HeadList{}, fmt.Errorf("list heads: %w", ctx.Err())
-		case u, ok := <-w.Updates():
-			if !ok {
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
 				return HeadList{}, errors.New("list heads: the watch ended early")
+			case e == nil:
+				done = true
+			case strings.HasPrefix(e.Key(), prefix):
+				last[e.Key()] = e
 			}
-			e = u
 		}
-		if e == nil { // every key's current value is delivered
-			break
-		}
-		if !strings.HasPrefix(e.Key(), prefix) {
-			continue
-		}
-		h, err := DecodeHead(e.Value())
-		if err != nil {
-			conv, _ := DecodeToken(strings.TrimPrefix(e.Key(), prefix))
-			list.Bad = append(list.Bad, BadHead{Key: e.Key(), Conversation: conv, Err: fmt.Errorf("%w: %v", ErrBadHead, err)})
-			continue
-		}
-		all = append(all, keyed{e.Key(), h})
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
-	sort.Slice(list.Bad, func(i, j int) bool { return list.Bad[i].Key < list.Bad[j].Key })
-	list.Heads = make([]Head, len(all))
-	for i, k := range all {
-		list.Heads[i] = k.head
+	if err := r.headsMissed(ctx, prefix, last); err != nil {
+		return HeadList{}, err
+	}
+	keys := make([]string, 0, len(last))
+	for k, e := range last {
+		if e.Operation() == jetstream.KeyValuePut {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var list HeadList
+	list.Heads = make([]Head, 0, len(keys))
+	for _, k := range keys {
+		h, err := DecodeHead(last[k].Value())
+		if err != nil {
+			conv, _ := DecodeToken(strings.TrimPrefix(k, prefix))
+			list.Bad = append(list.Bad, BadHead{Key: k, Conversation: conv, Err: fmt.Errorf("%w: %v", ErrBadHead, err)})
+			continue
+		}
+		list.Heads = append(list.Heads, h)
 	}
 	return list, nil
+}
+
+// headsMissed adds to seen the keys under prefix that the heads bucket holds but the
+// watch did not deliver, each read by itself.
+func (r *Reader) headsMissed(ctx context.Context, prefix string, seen map[string]jetstream.KeyValueEntry) error {
+	subjectPrefix := "$KV." + r.names.HeadsBucket() + "."
+	subjects, _, err := leaderCounts(ctx, r.js, "KV_"+r.names.HeadsBucket(), subjectPrefix+prefix+"*")
+	if err != nil {
+		return fmt.Errorf("list heads: %w", err)
+	}
+	for subject := range subjects {
+		key := strings.TrimPrefix(subject, subjectPrefix)
+		if _, ok := seen[key]; ok {
+			continue
+		}
+		e, err := r.heads.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted): // deleted since
+		case err != nil:
+			return fmt.Errorf("list heads: %s: %w", key, err)
+		default:
+			seen[key] = e
+		}
+	}
+	return nil
 }
 
 // Heads lists the heads of every conversation of the reader's owner, ordered by key, and
