@@ -490,7 +490,8 @@ func (b BadHead) Warning() string {
 //
 // The watch's end-of-values marker is not proof that every key was delivered: while heads
 // are written, the server's count of what is pending can reach 0 before a key rewritten
-// during the watch is delivered again (TestListHeadsWhileHeadsAreWritten). So the keys
+// during the watch is delivered again (TestListHeadsWhileHeadsAreWritten; the per-message
+// pending is not monotonic under writes, nats-server issue 4824). So the keys
 // the bucket holds are listed too, from the heads stream's subjects, and a key the watch
 // missed is read by itself: none with a quiet bucket, the few being written otherwise.
 func (r *Reader) ListHeads(ctx context.Context) (HeadList, error) {
