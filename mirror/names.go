@@ -40,6 +40,12 @@ func (n Names) Stream() string { return n.upper + "_ENTRIES" }
 // HeadsBucket is the KV bucket of conversation heads.
 func (n Names) HeadsBucket() string { return n.upper + "_HEADS" }
 
+// HeadsStream is the stream that holds the heads bucket, as JetStream names a bucket's.
+func (n Names) HeadsStream() string { return "KV_" + n.HeadsBucket() }
+
+// HeadsSubjectPrefix is what the heads stream puts before a key to make its subject.
+func (n Names) HeadsSubjectPrefix() string { return "$KV." + n.HeadsBucket() + "." }
+
 // BlobsBucket is the object store of large payloads.
 func (n Names) BlobsBucket() string { return n.upper + "_BLOBS" }
 

@@ -500,8 +500,9 @@ func (r *Reader) ListHeads(ctx context.Context) (HeadList, error) {
 	if err != nil {
 		return HeadList{}, fmt.Errorf("list heads: %w", err)
 	}
-	defer w.Stop()                               //nolint:errcheck // the watch is over either way
-	last := map[string]jetstream.KeyValueEntry{} // deletes included: a key seen is a key settled
+	defer w.Stop() //nolint:errcheck // the watch is over either way
+	// Each key's last operation, deletes included: a key seen is a key settled.
+	last := map[string]jetstream.KeyValueEntry{}
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -544,8 +545,8 @@ func (r *Reader) ListHeads(ctx context.Context) (HeadList, error) {
 // headsMissed adds to seen the keys under prefix that the heads bucket holds but the
 // watch did not deliver, each read by itself.
 func (r *Reader) headsMissed(ctx context.Context, prefix string, seen map[string]jetstream.KeyValueEntry) error {
-	subjectPrefix := "$KV." + r.names.HeadsBucket() + "."
-	subjects, _, err := leaderCounts(ctx, r.js, "KV_"+r.names.HeadsBucket(), subjectPrefix+prefix+"*")
+	subjectPrefix := r.names.HeadsSubjectPrefix()
+	subjects, _, err := leaderCounts(ctx, r.js, r.names.HeadsStream(), subjectPrefix+prefix+"*")
 	if err != nil {
 		return fmt.Errorf("list heads: %w", err)
 	}
