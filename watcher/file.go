@@ -228,6 +228,15 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 			s.unsettled = false
 		}
 		s.pendingWhy = Discovered
+		w.mu.Lock()
+		if !s.snap.ok {
+			// The file as the sink was told of it. A first run that ends early (a line
+			// refused, a short read) leaves no complete run to compare with, and the run
+			// that completes may already read a rewritten file: against this, it sees the
+			// change and arms the settled check.
+			s.snap = snapOf(fi)
+		}
+		w.mu.Unlock()
 		s.header, s.skip, s.skipSize = lr.sumHeader(hdr), st.Skip, size
 		s.t = t
 		if st.Skip {
