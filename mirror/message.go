@@ -249,4 +249,5 @@ type Msg struct {
 	Seq   uint64    // stream sequence
 	Time  time.Time // stored at
 	Data  []byte    // the line (nil for blobs and for headers-only reads)
+	Size  int64     // the line's length without its newline, also in a headers-only read
 }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -312,8 +314,14 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 		}
 		if l, err := ParseLine(m.Headers()); err == nil {
 			msg := Msg{Line: l, MsgID: m.Headers().Get(HdrMsgID), Seq: meta.Sequence.Stream, Time: meta.Timestamp}
-			if !opts.HeadersOnly && l.Kind != KindBlob {
+			switch {
+			case l.Kind == KindBlob:
+				msg.Size = l.BlobSize
+			case opts.HeadersOnly:
+				msg.Size, _ = strconv.ParseInt(m.Headers().Get(nats.MsgSize), 10, 64)
+			default:
 				msg.Data = m.Data()
+				msg.Size = int64(len(msg.Data))
 			}
 			if err := fn(m.Subject(), msg); err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -41,6 +42,20 @@ type generation struct {
 	numbers []int    // every generation present, ascending
 	lines   []Line   // the chosen generation's lines, in stream order
 	digests []string // of every line of every generation
+	hist    *mirror.History
+}
+
+// history lists the conversation's generations; those the session store writes (and the
+// local copies after them) are not compared with the ones before (DESIGN §8).
+func (g *generation) history(head *mirror.Head) []mirror.GenInfo {
+	if g.hist == nil {
+		return nil
+	}
+	if head != nil && head.StoreWrites() {
+		store := head.Generation
+		g.hist.Skip = func(n int) bool { return n >= store }
+	}
+	return g.hist.Generations()
 }
 
 // held returns the digests of every line the mirror holds, in any generation: a local
@@ -60,22 +75,28 @@ func (g *generation) held() map[string]bool {
 // kept, for the rebuild to report (mirror.Reader.ReadGeneration drops it).
 type collector struct {
 	want  int
+	at    time.Time // zero: now
 	g     generation
 	seen  map[int]bool
 	msgs  uint64 // messages added
 	bytes int64  // of the lines kept
 }
 
-// newCollector makes a collector for about n messages (0: unknown).
-func newCollector(want, n int) *collector {
-	return &collector{want: want, seen: map[int]bool{},
-		g: generation{number: want, lines: make([]Line, 0, n), digests: make([]string, 0, n)}}
+// newCollector makes a collector for about n messages (0: unknown) of the mirror as it
+// was at at (zero: as it is).
+func newCollector(want, n int, at time.Time) *collector {
+	return &collector{want: want, at: at, seen: map[int]bool{},
+		g: generation{number: want, lines: make([]Line, 0, n), digests: make([]string, 0, n), hist: &mirror.History{}}}
 }
 
 func (c *collector) add(msg mirror.Msg) {
-	c.seen[msg.Generation] = true
 	c.msgs++
 	c.g.digests = append(c.g.digests, msg.SHA256)
+	c.g.hist.Add(msg)
+	if !c.at.IsZero() && msg.Time.After(c.at) {
+		return // stored after the point in time asked for
+	}
+	c.seen[msg.Generation] = true
 	switch {
 	case c.want != 0 && msg.Generation != c.want:
 		return
@@ -91,6 +112,9 @@ func (c *collector) add(msg mirror.Msg) {
 // result is the generation gathered, or an error wrapping mirror.ErrNotFound.
 func (c *collector) result(key string) (generation, error) {
 	if len(c.seen) == 0 {
+		if !c.at.IsZero() && c.msgs > 0 {
+			return generation{}, fmt.Errorf("conversation %s: nothing of it was mirrored by %s: %w", key, c.at.Format(time.RFC3339), mirror.ErrNotFound)
+		}
 		return generation{}, fmt.Errorf("conversation %s: %w", key, mirror.ErrNotFound)
 	}
 	g := c.g
@@ -105,8 +129,8 @@ func (c *collector) result(key string) (generation, error) {
 }
 
 // readGeneration reads generation gen of conversation c (0: the newest).
-func readGeneration(ctx context.Context, m Mirror, c mirror.Conv, gen int) (generation, error) {
-	col := newCollector(gen, 0)
+func readGeneration(ctx context.Context, m Mirror, c mirror.Conv, gen int, at time.Time) (generation, error) {
+	col := newCollector(gen, 0, at)
 	err := m.Scan(ctx, c, mirror.ScanOptions{}, func(msg mirror.Msg) error {
 		col.add(msg)
 		return nil

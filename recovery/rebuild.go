@@ -95,6 +95,9 @@ type Input struct {
 	Lines       []Line       // any order; a repeated ordinal keeps the first stored
 	Head        *mirror.Head // nil when the heads bucket has none
 	DropRaw     bool         // leave raw lines out
+	// PointInTime says the lines are the generation as it was at some time (recover
+	// --at): the head, which describes it now, is not checked.
+	PointInTime bool
 }
 
 // OutLine is one line of the rebuilt file.
@@ -191,6 +194,8 @@ func Rebuild(in Input) (*Plan, error) {
 	rep.Bytes = p.Size()
 	rep.Leaf = b.leaf.ID()
 	switch {
+	case in.PointInTime:
+		rep.HeadCheck = "skipped: a point in time (--at); the head describes the conversation now"
 	case in.Head == nil:
 		rep.HeadCheck = "skipped: the heads bucket has no head for this conversation"
 	case head == nil:

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
@@ -24,11 +25,14 @@ type Options struct {
 	// Roots are the directories recovery may write under when Out is "" (absolute): a
 	// conversation the mirror places elsewhere is refused (ErrOutsideRoots).
 	Roots      []string
-	Generation int  // generation to rebuild; 0 = the newest
-	DryRun     bool // check everything, write nothing
-	Force      bool // overwrite a differing file, accept a head mismatch
-	DropRaw    bool // leave raw lines out, so that Pi's harness reader accepts the file
-	Parallel   int  // conversations recovered at once; 0 = 4
+	Generation int // generation to rebuild; 0 = the newest
+	// At, if set, rebuilds each conversation as the mirror held it then: the generation
+	// newest at At, with the lines stored by At (the mirror's clock, not the file's).
+	At       time.Time
+	DryRun   bool // check everything, write nothing
+	Force    bool // overwrite a differing file, accept a head mismatch
+	DropRaw  bool // leave raw lines out, so that Pi's harness reader accepts the file
+	Parallel int  // conversations recovered at once; 0 = 4
 	// OnDone, if set, is called once per conversation as it finishes (serialized).
 	OnDone func(Report)
 }
@@ -228,7 +232,7 @@ func (r *Recoverer) one(ctx context.Context, key string) outcome {
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
-	g, err := readGeneration(ctx, r.m, c, r.wantGeneration(head))
+	g, err := readGeneration(ctx, r.m, c, r.wantGeneration(head), r.opts.At)
 	if err != nil {
 		return outcome{rep: failed(key, r.opts.Generation, Failed, err)}
 	}
@@ -278,11 +282,19 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 	if err := inlineBlobs(ctx, r.m, g.lines); err != nil {
 		return fail(resultOf(err), err)
 	}
-	plan, err := Rebuild(Input{Key: key, Generation: g.number, Generations: g.numbers, Lines: g.lines, Head: head, DropRaw: r.opts.DropRaw})
+	plan, err := Rebuild(Input{Key: key, Generation: g.number, Generations: g.numbers, Lines: g.lines, Head: head,
+		DropRaw: r.opts.DropRaw, PointInTime: !r.opts.At.IsZero()})
 	if err != nil {
 		return fail(resultOf(err), err)
 	}
 	rep = plan.Report
+	gens := g.history(head)
+	if len(gens) > 1 {
+		rep.History = gens
+	}
+	if err := r.checkShrunk(g.number, gens, &rep); err != nil {
+		return fail(Refused, err)
+	}
 	if newest := slices.Max(append([]int{0}, g.numbers...)); head != nil && head.StoreWrites() && newest > g.number {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the session store writes generation %d; generation %d holds the local file as appended after the cut-over (--generation %d rebuilds it)", g.number, newest, newest))
 	}
@@ -480,4 +492,32 @@ func resultOf(err error) Result {
 		return Refused
 	}
 	return Failed
+}
+
+// ErrShrunk is wrapped when the newest generation of a conversation lacks entries of the
+// one before it (the file was overwritten by a fresh header, cut back, or rewritten
+// without some of its lines): recovery does not restore it unless asked for it by number.
+var ErrShrunk = errors.New("the newest generation is shrunk")
+
+// checkShrunk refuses to restore the generation number gen when it is the newest, it is
+// shrunk, and neither --generation nor --at chose it. With --at a shrunk generation is
+// restored as asked, and noted.
+func (r *Recoverer) checkShrunk(gen int, gens []mirror.GenInfo, rep *Report) error {
+	var info *mirror.GenInfo
+	for i := range gens {
+		if gens[i].Number == gen {
+			info = &gens[i]
+		}
+	}
+	if info == nil || info.Shrunk == nil {
+		return nil
+	}
+	s := info.Shrunk
+	what := fmt.Sprintf("generation %d lacks %d entries of generation %d (%s)", gen, s.Missing, s.From, s.Reason)
+	if r.opts.Generation != 0 || !r.opts.At.IsZero() {
+		rep.Notes = append(rep.Notes, what)
+		return nil
+	}
+	return fmt.Errorf("%w: %s; --generation %d restores the generation before, --generation %d this one (pisync history %s lists them)",
+		ErrShrunk, what, s.From, gen, rep.Key)
 }

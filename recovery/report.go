@@ -3,6 +3,8 @@ package recovery
 import (
 	"fmt"
 	"strings"
+
+	"github.com/pisync/pisync/mirror"
 )
 
 // Result is the outcome of recovering one conversation.
@@ -24,31 +26,34 @@ func (r Result) OK() bool { return r == Written || r == Unchanged || r == DryRun
 // Report says what recovery did with one conversation (the per-conversation lines of
 // `pisync recover` and its --json output).
 type Report struct {
-	Conversation      string        `json:"conversation"`          // header id
-	Key               string        `json:"key"`                   // conversation key in the mirror
-	Generation        int           `json:"generation"`            // the generation rebuilt
-	Generations       []int         `json:"generations,omitempty"` // every generation in the mirror
-	Format            string        `json:"format,omitempty"`
-	Output            string        `json:"output,omitempty"` // path written (or that would be)
-	Result            Result        `json:"result,omitempty"`
-	Reason            string        `json:"reason,omitempty"`
-	Complete          bool          `json:"complete"`                   // every ordinal 0..last present
-	Lines             int           `json:"lines"`                      // lines in the rebuilt file
-	Entries           int           `json:"entries"`                    // mirrored entry lines written
-	Raw               int           `json:"raw"`                        // raw lines in the mirror
-	RawDropped        bool          `json:"raw_dropped,omitempty"`      // --drop-raw left them out
-	Blobs             int           `json:"blobs"`                      // lines stored as blobs
-	Bytes             int64         `json:"bytes"`                      // size of the rebuilt file
-	HeaderSynthesized bool          `json:"header_synthesized"`         // no mirrored header
-	Placeholders      []Placeholder `json:"placeholders,omitempty"`     // entries synthesized for gaps
-	Missing           []Range       `json:"missing_ordinals,omitempty"` // holes in the mirror
-	Conflicts         []Conflict    `json:"conflicts,omitempty"`
-	Notes             []string      `json:"notes,omitempty"`              // what recovery made up, and why
-	Duplicates        int           `json:"duplicate_messages,omitempty"` // same ordinal stored twice, same bytes
-	Leaf              string        `json:"leaf"`                         // computed by Pi's rule
-	Head              string        `json:"head,omitempty"`               // mirrored head
-	HeadCheck         string        `json:"head_check"`                   // ok, mismatch, or why skipped
-	Forced            bool          `json:"forced,omitempty"`             // a refusal overridden by --force
+	Conversation string `json:"conversation"`          // header id
+	Key          string `json:"key"`                   // conversation key in the mirror
+	Generation   int    `json:"generation"`            // the generation rebuilt
+	Generations  []int  `json:"generations,omitempty"` // every generation in the mirror
+	// History lists the generations (when there are several): number, time, entries,
+	// bytes, and which of them lost entries of the one before.
+	History           []mirror.GenInfo `json:"history,omitempty"`
+	Format            string           `json:"format,omitempty"`
+	Output            string           `json:"output,omitempty"` // path written (or that would be)
+	Result            Result           `json:"result,omitempty"`
+	Reason            string           `json:"reason,omitempty"`
+	Complete          bool             `json:"complete"`                   // every ordinal 0..last present
+	Lines             int              `json:"lines"`                      // lines in the rebuilt file
+	Entries           int              `json:"entries"`                    // mirrored entry lines written
+	Raw               int              `json:"raw"`                        // raw lines in the mirror
+	RawDropped        bool             `json:"raw_dropped,omitempty"`      // --drop-raw left them out
+	Blobs             int              `json:"blobs"`                      // lines stored as blobs
+	Bytes             int64            `json:"bytes"`                      // size of the rebuilt file
+	HeaderSynthesized bool             `json:"header_synthesized"`         // no mirrored header
+	Placeholders      []Placeholder    `json:"placeholders,omitempty"`     // entries synthesized for gaps
+	Missing           []Range          `json:"missing_ordinals,omitempty"` // holes in the mirror
+	Conflicts         []Conflict       `json:"conflicts,omitempty"`
+	Notes             []string         `json:"notes,omitempty"`              // what recovery made up, and why
+	Duplicates        int              `json:"duplicate_messages,omitempty"` // same ordinal stored twice, same bytes
+	Leaf              string           `json:"leaf"`                         // computed by Pi's rule
+	Head              string           `json:"head,omitempty"`               // mirrored head
+	HeadCheck         string           `json:"head_check"`                   // ok, mismatch, or why skipped
+	Forced            bool             `json:"forced,omitempty"`             // a refusal overridden by --force
 }
 
 // Placeholder is one entry synthesized for a missing parent or leaf target.

@@ -46,7 +46,7 @@ func (r *Recoverer) stream(ctx context.Context, sel Selection, todo []int, com *
 		if h, ok := heads[keys[i]]; ok {
 			head = &h
 		}
-		pending[keys[i]] = newCollector(r.wantGeneration(head), int(min(counts[keys[i]], 1<<16)))
+		pending[keys[i]] = newCollector(r.wantGeneration(head), int(min(counts[keys[i]], 1<<16)), r.opts.At)
 		index[keys[i]] = i
 	}
 	if len(pending) == 0 {

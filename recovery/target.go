@@ -41,7 +41,7 @@ func (t target) path() string { return filepath.Join(t.root, t.rel) }
 func targetFor(p *Plan, out string, roots []string) (target, error) {
 	if out == "" {
 		if p.Root == "" {
-			return target{}, fmt.Errorf("%w: the mirror does not record the file's root; use --out DIR", ErrUnsafePath)
+			return homeFor(p, roots)
 		}
 		if !filepath.IsAbs(p.Root) || strings.ContainsRune(p.Root, 0) {
 			return target{}, fmt.Errorf("%w: the recorded root %q is not absolute; use --out DIR", ErrUnsafePath, p.Root)
@@ -66,6 +66,18 @@ func targetFor(p *Plan, out string, roots []string) (target, error) {
 	if err != nil {
 		return target{}, fmt.Errorf("--out %s: %w", out, err)
 	}
+	rel, err := layoutRel(p)
+	if err != nil {
+		return target{}, err
+	}
+	return confined(root, rel)
+}
+
+// layoutRel is where Pi's layout rule puts the file under a root:
+// --<encoded cwd>--/<timestamp>_<id>.jsonl, keeping the mirrored file name when it is one
+// of Pi's for this conversation (the harness names the file from another clock read than
+// the header timestamp, so the original name is the better one).
+func layoutRel(p *Plan) (string, error) {
 	dir := session.DirName(p.Header.Cwd)
 	name := path.Base(p.Source)
 	if p.Source == "" || !strings.HasSuffix(name, "_"+p.Header.ID+".jsonl") {
@@ -73,12 +85,35 @@ func targetFor(p *Plan, out string, roots []string) (target, error) {
 	}
 	for _, elem := range []string{dir, name} {
 		if err := checkElem(elem); err != nil {
-			return target{}, fmt.Errorf("%w: %q: %v", ErrUnsafePath, elem, err)
+			return "", fmt.Errorf("%w: %q: %v", ErrUnsafePath, elem, err)
 		}
 	}
 	rel := filepath.Join(dir, name)
 	if err := checkRel(rel); err != nil {
-		return target{}, fmt.Errorf("%w: %q: %v", ErrUnsafePath, rel, err)
+		return "", fmt.Errorf("%w: %q: %v", ErrUnsafePath, rel, err)
+	}
+	return rel, nil
+}
+
+// homeFor places a conversation whose head is missing or does not decode: under the one
+// root given, at the path its lines were mirrored from (each message records it), else
+// where Pi's layout rule puts it from its header (or the id and cwd recovery made one
+// from). With several roots nothing says which was its own.
+func homeFor(p *Plan, roots []string) (target, error) {
+	if len(roots) != 1 || !filepath.IsAbs(roots[0]) {
+		return target{}, fmt.Errorf("%w: the mirror does not record the file's root (no usable head), and %d roots were given; give the one to restore into with a single --root, or use --out DIR",
+			ErrUnsafePath, len(roots))
+	}
+	root := filepath.Clean(roots[0])
+	if rel := filepath.FromSlash(p.Source); p.Source != "" && checkRel(rel) == nil {
+		return confined(root, rel)
+	}
+	if p.Header.Cwd == "" {
+		return target{}, fmt.Errorf("%w: no usable head, no recorded source path, and no cwd in the header: Pi's layout rule cannot place it; use --out DIR", ErrUnsafePath)
+	}
+	rel, err := layoutRel(p)
+	if err != nil {
+		return target{}, err
 	}
 	return confined(root, rel)
 }

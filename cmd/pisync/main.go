@@ -64,6 +64,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = RecoverCommand(ctx, args[1:], stdout, stderr)
 	case "serve":
 		err = ServeCommand(ctx, args[1:], stdout, stderr)
+	case "history":
+		err = HistoryCommand(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = StatusCommand(ctx, args[1:], stdout, stderr)
 	case "verify":
@@ -104,8 +106,10 @@ const usage = `pisync mirrors Pi agent session files into NATS JetStream.
 Usage:
   pisync run [--root DIR]... [--state-dir DIR] [--nats URL] [--nats-listen HOST:PORT]
              [--http-addr HOST:PORT] [--tenant T] [--owner O]
-  pisync recover (--conversation ID... | --all) [--out DIR] [--generation N] [--dry-run]
-                 [--force] [--drop-raw] [--json] [--parallel N]
+  pisync recover (--conversation ID... | --all) [--root DIR]... [--out DIR]
+                 [--generation N | --at TIME] [--dry-run] [--force] [--drop-raw] [--json]
+                 [--parallel N]
+  pisync history CONVERSATION [--json]
   pisync status [--root DIR]... [--host NAME] [--json]
   pisync verify [--root DIR]... [--host NAME] [--json]
   pisync serve [--nats URL] [--http-addr HOST:PORT] [--prefix P] [--provision MODE]

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,6 +34,7 @@ type recoverFlags struct {
 	roots    listFlag
 	out      string
 	gen      int
+	at       string
 	dryRun   bool
 	force    bool
 	jsonOut  bool
@@ -46,7 +48,8 @@ func (f *recoverFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.all, "all", false, "recover every conversation of the tenant and owner")
 	registerRoots(fs, &f.roots, "session root to write under, as for pisync run: without --out, a conversation the mirror places elsewhere is refused")
 	fs.StringVar(&f.out, "out", "", "rebuild under this directory in Pi's layout (--<cwd>--/<time>_<id>.jsonl); default: the original root and path, under a --root")
-	fs.IntVar(&f.gen, "generation", 0, "generation to rebuild (0: the newest)")
+	fs.IntVar(&f.gen, "generation", 0, "generation to rebuild (0: the newest; a shrunk newest one is refused unless named)")
+	fs.StringVar(&f.at, "at", "", "rebuild each conversation as the mirror held it at this RFC 3339 time (the mirror's clock)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check everything, write nothing")
 	fs.BoolVar(&f.force, "force", false, "overwrite differing files and accept a head mismatch (never a file holding lines the mirror lacks)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print a machine-readable report")
@@ -75,6 +78,16 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("%w: --generation %d: want 0 (the newest) or a generation number", errUsage, f.gen)
 	case f.parallel < 1:
 		return fmt.Errorf("%w: --parallel %d: want at least 1", errUsage, f.parallel)
+	case f.at != "" && f.gen != 0:
+		return fmt.Errorf("%w: --at and --generation exclude each other", errUsage)
+	}
+	var at time.Time
+	if f.at != "" {
+		t, err := time.Parse(time.RFC3339Nano, f.at)
+		if err != nil {
+			return fmt.Errorf("%w: --at %q: want an RFC 3339 time such as 2026-12-05T14:00:00Z", errUsage, f.at)
+		}
+		at = t
 	}
 	m, owner, closeMirror, err := openMirror(ctx, &f.conn, "pisync recover", stderr)
 	if err != nil {
@@ -98,7 +111,7 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return nil
 	}
 
-	opts := recovery.Options{Out: f.out, Roots: absRoots(f.roots.get()), Generation: f.gen, DryRun: f.dryRun,
+	opts := recovery.Options{Out: f.out, Roots: absRoots(f.roots.get()), Generation: f.gen, At: at, DryRun: f.dryRun,
 		Force: f.force, DropRaw: f.dropRaw, Parallel: f.parallel}
 	var bar *progressbar.ProgressBar
 	if isTerminal(stderr) && len(sel.Keys) > progressMin {
@@ -196,6 +209,18 @@ func printReport(w io.Writer, r recovery.Report) {
 	for _, c := range r.Conflicts {
 		detail("%s: %s", c.Kind, c.Detail)
 	}
+	if r.Result == recovery.Refused && shrunkAny(r.History) {
+		printGenerations(w, "          ", r.History)
+	}
+}
+
+func shrunkAny(gens []mirror.GenInfo) bool {
+	for _, g := range gens {
+		if g.Shrunk != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func printSummary(w io.Writer, s recovery.Summary, dryRun bool) {

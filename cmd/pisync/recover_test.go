@@ -180,8 +180,8 @@ func TestRecoverUsage(t *testing.T) {
 // head does not decode are neither hidden nor allowed to stop the others. status shows
 // their files as no-head and warns of the bad head by its key; verify compares their
 // files with the stream and fails for the bad head; recover --all lists them from the
-// stream: with --out it writes them, without it refuses them (no recorded place) and
-// exits non-zero. A head placing files outside --root is refused, in the text and
+// stream: with --out, or under a single --root, it writes them; under several roots it
+// refuses them (no recorded root) and exits non-zero. A head placing files outside --root is refused, in the text and
 // --json reports, with a non-zero exit code.
 func TestCommandsWithoutHeads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
@@ -291,20 +291,35 @@ func TestCommandsWithoutHeads(t *testing.T) {
 	})
 
 	t.Run("recover into the roots", func(t *testing.T) {
+		// Under a single root, the conversations without a usable head go where their
+		// lines were mirrored from: the whole tree comes back.
 		var stdout, stderr bytes.Buffer
-		err := RecoverCommand(ctx, append(survey, "--all"), &stdout, &stderr)
+		if err := RecoverCommand(ctx, append(survey, "--all"), &stdout, &stderr); err != nil {
+			t.Fatalf("recover --all into one root: %v\n%s", err, stdout.String())
+		}
+		if !strings.Contains(stdout.String(), "4 conversations: 4 written") {
+			t.Errorf("output:\n%s", stdout.String())
+		}
+		if !strings.Contains(stderr.String(), "warning: head "+headKey(bad)) {
+			t.Errorf("stderr does not name the bad head:\n%s", stderr.String())
+		}
+		sameTree(t, treeOf(t, root), want)
+		if err := os.RemoveAll(root); err != nil {
+			t.Fatal(err)
+		}
+		// With two roots nothing says which was theirs: refused, the others written.
+		stdout.Reset()
+		two := append(append([]string{}, survey...), "--root", filepath.Join(t.TempDir(), "second"), "--all")
+		err := RecoverCommand(ctx, two, &stdout, &stderr)
 		if !errors.Is(err, errSilent) {
 			t.Fatalf("recover --all with conversations it cannot place: %v, want a failure\n%s", err, stdout.String())
 		}
 		text := stdout.String()
-		for _, w := range []string{"refused   " + missing.ID, "refused   " + bad.ID, "the mirror does not record the file's root",
+		for _, w := range []string{"refused   " + missing.ID, "refused   " + bad.ID, "give the one to restore into with a single --root",
 			"4 conversations: 2 written, 0 unchanged, 0 dry-run, 2 refused"} {
 			if !strings.Contains(text, w) {
 				t.Errorf("output lacks %q:\n%s", w, text)
 			}
-		}
-		if !strings.Contains(stderr.String(), "warning: head "+headKey(bad)) {
-			t.Errorf("stderr does not name the bad head:\n%s", stderr.String())
 		}
 	})
 
