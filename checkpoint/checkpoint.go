@@ -62,8 +62,15 @@ type Record struct {
 	MTime int64 `json:"mtime,omitempty"`
 	// HeadSeq is the StreamSeq of the last head written to the mirror: a daemon killed
 	// after committing a checkpoint but before writing the head rewrites it at start.
-	HeadSeq   uint64    `json:"head_seq,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
+	HeadSeq uint64 `json:"head_seq,omitempty"`
+	// ShrinkChecked is the generation last compared with the one before it (0: none),
+	// and ShrunkFrom, ShrunkMissing and ShrunkReason what that found (ShrunkFrom 0: it
+	// lacks nothing), so that a restart knows a shrunk session without reading the mirror.
+	ShrinkChecked int       `json:"shrink_checked,omitempty"`
+	ShrunkFrom    int       `json:"shrunk_from,omitempty"`
+	ShrunkMissing int64     `json:"shrunk_missing,omitempty"`
+	ShrunkReason  string    `json:"shrunk_reason,omitempty"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
 // Key is the store key of a file identity.

@@ -15,7 +15,7 @@ import (
 var wantAlerts = []string{
 	"PisyncDown", "PisyncNATSDisconnected", "PisyncBacklogNotShrinking",
 	"PisyncPublishFailures", "PisyncTornTailStuck", "PisyncVerifyMismatch",
-	"PisyncStoreErrors",
+	"PisyncStoreErrors", "PisyncSessionShrunk",
 }
 
 // TestPromtool runs Prometheus' own checks on the configuration, the rules and the rule

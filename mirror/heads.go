@@ -26,6 +26,10 @@ type Head struct {
 	Head         string    `json:"head"`                    // the leaf after the last mirrored line (DESIGN §1)
 	LocalDeleted bool      `json:"local_deleted,omitempty"` //
 	UpdatedAt    time.Time `json:"updated_at"`              //
+	// Shrunk is set while Generation lacks entries of the generation before it (the
+	// file was overwritten by a fresh header, cut back, or rewritten without some of its
+	// lines): the user's data is in the generation it names (History).
+	Shrunk *Shrink `json:"shrunk,omitempty"`
 
 	// Written by the session store (DESIGN §8). Writer is WriterStore from the store's
 	// first write on: the daemon then no longer extends this generation.

@@ -24,6 +24,8 @@ type Metrics struct {
 	blobsReused  prometheus.Counter
 	rewrites     *prometheus.CounterVec
 	generations  prometheus.Counter
+	shrinks      prometheus.Counter // generations found lacking entries of the one before
+	shrunk       prometheus.Gauge   // sessions whose newest generation is shrunk
 	clashes      prometheus.Counter
 	repeatedIDs  prometheus.Counter
 	quarantined  *prometheus.CounterVec
@@ -96,6 +98,14 @@ func NewMetrics() *Metrics {
 			Name: "pisync_rewrites_total",
 			Help: "Session files found rewritten, truncated, replaced or moved, by kind.",
 		}, []string{"kind"}),
+		shrinks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_generations_shrunk_total",
+			Help: "New generations found lacking entries of the generation before them (a session overwritten by a fresh header, cut back, or rewritten without some lines).",
+		}),
+		shrunk: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_sessions_shrunk",
+			Help: "Local sessions whose newest generation lacks entries of the generation before it: 'pisync history' lists them, 'pisync recover --generation N' restores the older one.",
+		}),
 		generations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_generation_bumps_total",
 			Help: "New generations started because mirrored lines changed or vanished locally.",
@@ -167,7 +177,7 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
 		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.clashes, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.rewrites, m.generations, m.shrinks, m.shrunk, m.clashes, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
 		m.inflight, m.inflightB, m.lastAckUnix}
 	if m.state == nil {
 		m.state = &stateCollector{}

@@ -126,6 +126,9 @@ type Publisher struct {
 	// storeGens: conversation key → the generation the session store writes, for the
 	// conversations found taken over (DESIGN §8): the daemon never extends it again.
 	storeGens map[string]int
+
+	shrinkMu sync.Mutex              // a leaf: see shrink.go
+	shrinks  map[string]*shrinkState // conversation key → its newest generation's comparison
 }
 
 // New validates opts and binds the mirror. Call Start before handing it to the watcher.
@@ -194,6 +197,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),
 		storeGens: map[string]int{},
+		shrinks:   map[string]*shrinkState{},
 	}
 	if p.m.state == nil {
 		p.m.state = &stateCollector{}
@@ -306,6 +310,7 @@ func (p *Publisher) headLoop() {
 			return
 		case <-t.C:
 			p.flushHeads(p.runCtx)
+			p.checkShrinks(p.runCtx)
 		}
 	}
 }
@@ -387,7 +392,9 @@ func (p *Publisher) stageCheckpoints() {
 		st.mu.Lock()
 		if st.cpDirty {
 			st.cpDirty = false
-			p.opts.Checkpoints.Put(st.record())
+			rec := st.record()
+			p.recordShrink(&rec)
+			p.opts.Checkpoints.Put(rec)
 			st.recordedHeadSeq = st.headSeq
 		}
 		st.mu.Unlock()
@@ -423,7 +430,9 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 			st.headDirty = false // the store's generation: its head is the store's to write
 		case st.headDirty && st.acked.StreamSeq > 0:
 			st.headDirty = false
-			jobs = append(jobs, job{st, st.conv, st.head(p.opts.Host), st.storeGen})
+			h := st.head(p.opts.Host)
+			h.Shrunk = p.shrunkFor(st.conv.Key, h.Generation, h.Entries)
+			jobs = append(jobs, job{st, st.conv, h, st.storeGen})
 		}
 		st.mu.Unlock()
 	}

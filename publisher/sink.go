@@ -67,7 +67,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		old.mu.Lock()
 		if old.cpDirty {
 			old.cpDirty = false
-			p.opts.Checkpoints.Put(old.record())
+			rec := old.record()
+			p.recordShrink(&rec)
+			p.opts.Checkpoints.Put(rec)
 		}
 		old.mu.Unlock()
 	}
@@ -188,6 +190,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if st.headDirty {
 		p.noteDirty(st)
 	}
+	p.trackShrink(st, rec, found)
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
 		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", st.held.size()))
 	return start, nil

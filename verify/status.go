@@ -24,10 +24,14 @@ const (
 	// StateDrift: the session store writes the conversation (DESIGN §8) and the local
 	// file was appended to since: its lines are mirrored as a generation apart.
 	StateDrift State = "drift"
+	// StateShrunk: the file's newest generation lacks entries of the one before it (a
+	// fresh header written over it, cut back, rewritten without some lines): the data
+	// is in the older generation, which recover --generation restores.
+	StateShrunk State = "shrunk"
 )
 
 // States lists every state in display order.
-var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift}
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift, StateShrunk}
 
 // SessionStatus is the line of one session in `pisync status`.
 type SessionStatus struct {
@@ -164,6 +168,11 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 		s.Detail = fmt.Sprintf("the stream holds %d lines of it, but no usable head (%s); pisync verify compares the file with them", p.Headless.Messages, p.Headless.Reason)
 	case p.Head == nil:
 		s.State, s.LagSeconds = StateNotMirrored, sinceWrite
+	case p.Head.Shrunk != nil:
+		sh := p.Head.Shrunk
+		s.State = StateShrunk
+		s.Detail = fmt.Sprintf("generation %d lacks %d entries of generation %d (%s); pisync recover --conversation %s --generation %d restores it",
+			p.Head.Generation, sh.Missing, sh.From, sh.Reason, p.Head.ConvKey(), sh.From)
 	case p.Head.StoreWrites():
 		storeWritten(&s, p.Head, complete)
 	case p.Head.Bytes > complete:

@@ -110,6 +110,11 @@ func TestStatusStates(t *testing.T) {
 		h.Writer, h.Local = mirror.WriterStore, local
 		return h
 	}
+	shrunkHead := func(bytes int64) *mirror.Head {
+		h := head(bytes)
+		h.Shrunk = &mirror.Shrink{From: 1, Missing: 40, Reason: mirror.ShrinkHeaderOnly}
+		return h
+	}
 	file := func(size, torn int64) *LocalFile {
 		return &LocalFile{Path: "/r/x.jsonl", Size: size, Torn: torn, HeaderOK: true, ModTime: now.Add(-time.Minute)}
 	}
@@ -133,6 +138,9 @@ func TestStatusStates(t *testing.T) {
 		{"store writes, file unchanged", Pair{File: file(100, 0), Head: storeHead(100, nil)}, StateSynced, 0, 100},
 		{"store writes, file appended to", Pair{File: file(150, 0), Head: storeHead(100, nil)}, StateDrift, 0, 100 * 100.0 / 150},
 		{"store writes, appends mirrored apart", Pair{File: file(150, 0), Head: storeHead(100, &mirror.LocalCopy{Generation: 3, Bytes: 150})}, StateDrift, 0, 100},
+		// A fresh header written over the session: every line of it is mirrored, and
+		// the session is not safe.
+		{"shrunk", Pair{File: file(100, 0), Head: shrunkHead(100)}, StateShrunk, 0, 100},
 	}
 	var pairs []Pair
 	for _, tc := range cases {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/verify"
 )
 
 // TestHeaderOnlyOverwriteIsUndoable: a mirrored session overwritten in place by a fresh
@@ -44,9 +46,24 @@ func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
 		g := readGen(t, r, f.ID, 0)
 		return g.Number == 2 && len(g.Msgs) == 1, "not yet"
 	})
-
-	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
 	ctx := context.Background()
+	// The daemon finds it shrunk: head, metrics, status page; status says so.
+	wantShrink := mirror.Shrink{From: 1, Missing: 3, Reason: mirror.ShrinkHeaderOnly}
+	waitFor(t, 20*time.Second, "the head marked shrunk", func() (bool, string) {
+		h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
+		return err == nil && h.Shrunk != nil && *h.Shrunk == wantShrink && h.Generation == 2, fmt.Sprintf("%+v %v", h.Shrunk, err)
+	})
+	if g, c := metricValue(t, d, "pisync_sessions_shrunk", nil), metricValue(t, d, "pisync_generations_shrunk_total", nil); g != 1 || c != 1 {
+		t.Errorf("pisync_sessions_shrunk %v, pisync_generations_shrunk_total %v; want 1, 1", g, c)
+	}
+	if doc := d.status(); len(doc.Shrunk) != 1 || doc.Shrunk[0].Path != f.Path || doc.Shrunk[0].Shrunk != wantShrink {
+		t.Errorf("status page: shrunk %+v", doc.Shrunk)
+	}
+	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
+	st, _ := statusJSON(t, ctx, append(append([]string{}, conn...), "--root", root, "--host", d.f.host))
+	if len(st.Sessions) != 1 || st.Sessions[0].State != verify.StateShrunk || !strings.Contains(st.Sessions[0].Detail, "--generation 1") {
+		t.Errorf("status %+v", st.Sessions)
+	}
 	var stdout, stderr bytes.Buffer
 	if err := HistoryCommand(ctx, append([]string{f.ID, "--json"}, conn...), &stdout, &stderr); err != nil {
 		t.Fatalf("history: %v\n%s", err, stderr.String())
@@ -99,5 +116,66 @@ func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
 	got, err := os.ReadFile(f.Path)
 	if err != nil || !bytes.Equal(got, original) {
 		t.Fatalf("--generation 1 does not restore the session byte for byte (%v)", err)
+	}
+	// Restored under the running daemon: a generation holding every entry again.
+	// The restored file holds generation 2's header and more: the daemon extends
+	// generation 2 with the entries, and it lacks nothing any more.
+	waitFor(t, 20*time.Second, "the restored session mirrored, not shrunk", func() (bool, string) {
+		h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
+		return err == nil && h.Generation >= 2 && h.Shrunk == nil && h.Bytes == int64(len(original)) &&
+			metricValue(t, d, "pisync_sessions_shrunk", nil) == 0, fmt.Sprintf("%+v %v", h, err)
+	})
+}
+
+// TestLegitimateRewritesAreNotShrunk: Pi's own rewrites keep every entry (the v1 -> v3
+// migration with new ids, an in-place rewrite of the same lines with one appended): new
+// generations, never shrunk.
+func TestLegitimateRewritesAreNotShrunk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(63, 64))
+	srv := natstest.Run(t)
+	root := t.TempDir()
+	v1 := sessiontest.New(rng, root, "/home/dev/old", sessiontest.CLIV1)
+	if err := v1.Append(v1.HeaderLine("/home/dev/old"), v1.Entry(200), v1.Entry(200), v1.Entry(200)); err != nil {
+		t.Fatal(err)
+	}
+	v3 := sessiontest.New(rng, root, "/home/dev/new", sessiontest.HarnessV3)
+	if err := v3.Append(v3.HeaderLine("/home/dev/new"), v3.Message(200), v3.Message(200), v3.Message(200)); err != nil {
+		t.Fatal(err)
+	}
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	defer d.stop()
+	nc := natstest.Connect(t, srv.URL())
+	r := newReader(t, nc, "t1", "alice")
+	allMirrored(t, r, root, 20*time.Second)
+
+	migrateV1(t, v1.Path, rng)
+	// Same entries rewritten in place with their first byte changed (another id of the
+	// same length), then a new entry: Pi rewriting after a repair keeps every entry.
+	lines := bytes.SplitAfter(bytes.TrimSuffix(v3.Content(), []byte("\n")), []byte("\n"))
+	var rewritten [][]byte
+	for _, l := range lines {
+		rewritten = append(rewritten, bytes.TrimSuffix(l, []byte("\n")))
+	}
+	rewritten[0] = bytes.Replace(rewritten[0], []byte(`"cwd":"/home/dev/new"`), []byte(`"cwd":"/home/dev/NEW"`), 1)
+	if err := sessiontest.Rewrite(v3.Path, rewritten); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, f := range []*sessiontest.File{v1, v3} {
+		want, err := os.ReadFile(f.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "generation 2 of "+f.Path+" mirrored and compared", func() (bool, string) {
+			h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
+			return err == nil && h.Generation == 2 && h.Bytes == int64(len(want)) && d.pub.ShrinkChecked(f.ID, 2), fmt.Sprintf("%+v %v", h, err)
+		})
+		h, _, _ := r.Head(ctx, mustConv(t, r, f.ID))
+		if h.Shrunk != nil {
+			t.Errorf("%s: a rewrite keeping every entry marked shrunk: %+v", f.Path, h.Shrunk)
+		}
+	}
+	if c := metricValue(t, d, "pisync_generations_shrunk_total", nil); c != 0 {
+		t.Errorf("pisync_generations_shrunk_total %v", c)
 	}
 }

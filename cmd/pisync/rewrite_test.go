@@ -65,7 +65,8 @@ func migrateV1(t *testing.T, path string, rng *rand.Rand) []byte {
 	}
 	lines := completeLines(content)
 	var out bytes.Buffer
-	out.Write(append(bytes.TrimSuffix(lines[0], []byte("}")), []byte(`,"version":3}`)...))
+	// A copy: appending to lines[0] in place would write over the start of line 2.
+	out.Write(append(bytes.Clone(bytes.TrimSuffix(lines[0], []byte("}"))), []byte(`,"version":3}`)...))
 	out.WriteByte('\n')
 	prev := "null"
 	for _, l := range lines[1:] {

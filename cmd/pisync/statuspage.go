@@ -35,8 +35,11 @@ type statusDoc struct {
 	RecentErrors []recentEntry           `json:"recent_errors"`       // newest first, at most recentLogSize
 	ErrorsTotal  uint64                  `json:"recent_errors_total"` // warnings and errors logged since start
 	Quarantined  []publisher.Quarantined `json:"quarantined"`         // lines the server refused for good, newest first
-	Backpressure publisher.Backpressure  `json:"backpressure"`        // the cluster holding publishing back for lack of room
-	Time         time.Time               `json:"time"`
+	// Shrunk are the sessions whose newest generation lacks entries of the one before
+	// it: destroyed in place, their data in the older generation.
+	Shrunk       []publisher.ShrunkSession `json:"shrunk"`
+	Backpressure publisher.Backpressure    `json:"backpressure"` // the cluster holding publishing back for lack of room
+	Time         time.Time                 `json:"time"`
 }
 
 // natsStatus is the daemon's connection to NATS.
@@ -169,8 +172,10 @@ func (d *daemon) status() statusDoc {
 		doc.RecentErrors = []recentEntry{}
 	}
 	doc.Quarantined = []publisher.Quarantined{}
+	doc.Shrunk = []publisher.ShrunkSession{}
 	if d.up.Load() {
 		doc.Quarantined = d.pub.Quarantined()
+		doc.Shrunk = d.pub.Shrunk()
 		doc.Backpressure = d.pub.Backpressure()
 	}
 	return doc
