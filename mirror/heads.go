@@ -9,23 +9,26 @@ import (
 // Head is the value of a conversation's key in the heads bucket: its metadata and how far
 // it is mirrored. It is written after acknowledgements, with compare-and-set on the revision.
 type Head struct {
-	Conversation string    `json:"conversation"`            // header id
-	Key          string    `json:"key"`                     // conversation key (differs from the id after a clash)
-	Tenant       string    `json:"tenant"`                  //
-	Owner        string    `json:"owner"`                   //
-	Host         string    `json:"host"`                    //
-	Root         string    `json:"root"`                    // the watched root the file was under
-	Source       string    `json:"source"`                  // path relative to Root
-	Cwd          string    `json:"cwd,omitempty"`           // from the header
-	Format       string    `json:"format"`                  //
-	Generation   int       `json:"generation"`              //
-	Entries      int64     `json:"entries"`                 // lines mirrored in this generation, header included
-	LastOrdinal  int64     `json:"last_ordinal"`            //
-	LastSeq      uint64    `json:"last_seq"`                // stream sequence of the last acknowledged line
-	Bytes        int64     `json:"bytes"`                   // file bytes mirrored (newlines included)
-	Head         string    `json:"head"`                    // the leaf after the last mirrored line (DESIGN §1)
-	LocalDeleted bool      `json:"local_deleted,omitempty"` //
-	UpdatedAt    time.Time `json:"updated_at"`              //
+	Conversation string `json:"conversation"`            // header id
+	Key          string `json:"key"`                     // conversation key (differs from the id after a clash)
+	Tenant       string `json:"tenant"`                  //
+	Owner        string `json:"owner"`                   //
+	Host         string `json:"host"`                    //
+	Root         string `json:"root"`                    // the watched root the file was under
+	Source       string `json:"source"`                  // path relative to Root
+	Cwd          string `json:"cwd,omitempty"`           // from the header
+	Format       string `json:"format"`                  //
+	Generation   int    `json:"generation"`              //
+	Entries      int64  `json:"entries"`                 // lines mirrored in this generation, header included
+	LastOrdinal  int64  `json:"last_ordinal"`            //
+	LastSeq      uint64 `json:"last_seq"`                // stream sequence of the last acknowledged line
+	Bytes        int64  `json:"bytes"`                   // file bytes mirrored (newlines included)
+	Head         string `json:"head"`                    // the leaf after the last mirrored line (DESIGN §1)
+	LocalDeleted bool   `json:"local_deleted,omitempty"` //
+	// Headerless: the file has no header line (Pi recreated it, or appended to it, without
+	// one): its id is its file name's, and recovery writes its lines after a header.
+	Headerless bool      `json:"headerless,omitempty"`
+	UpdatedAt  time.Time `json:"updated_at"` //
 	// Shrunk is set while Generation lacks entries of the generation before it (the
 	// file was overwritten by a fresh header, cut back, or rewritten without some of its
 	// lines): the user's data is in the generation it names (History).

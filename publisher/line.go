@@ -158,8 +158,12 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 // in memory (data nil) is classified by its first bytes (prefix), where Pi writes the
 // envelope, ahead of the payload.
 func (p *Publisher) classify(st *fileState, it *item, data, prefix []byte, f watcher.File, l watcher.Line) {
-	if l.Ordinal == 0 {
+	switch at := int64(st.headerAt); {
+	case l.Ordinal == at:
 		it.kind = mirror.KindHeader
+		return
+	case l.Ordinal < at:
+		it.kind = mirror.KindRaw // a record written before the header (a fork's title): kept as it is
 		return
 	}
 	if data == nil {

@@ -99,7 +99,7 @@ func benchLinePisync(b *testing.B) {
 	rel, _ := filepath.Rel(root, sf.Path)
 	// The file's size at open is taken as far beyond every line: all are back-filled
 	// (pipelined), none live (one at a time).
-	f := watcher.File{Root: root, Rel: filepath.ToSlash(rel), Path: sf.Path, Header: hdr, Size: 1 << 50,
+	f := watcher.File{Root: root, Rel: filepath.ToSlash(rel), Path: sf.Path, Lead: &watcher.Lead{Lines: [][]byte{hdr}}, Size: 1 << 50,
 		ID: watcher.FileIDOf(info)}
 	if _, err := p.Open(ctx, f, watcher.Discovered); err != nil {
 		b.Fatal(err)

@@ -18,7 +18,7 @@ type Metrics struct {
 	failures     *prometheus.CounterVec
 	heldBack     prometheus.Counter
 	invalid      *prometheus.CounterVec
-	notSession   prometheus.Counter
+	notSession   *prometheus.CounterVec
 	blobs        prometheus.Counter
 	blobBytes    prometheus.Counter
 	blobsReused  prometheus.Counter
@@ -78,10 +78,10 @@ func NewMetrics() *Metrics {
 			Name: "pisync_invalid_lines_total",
 			Help: "Lines that are not JSON entries, mirrored as raw, by reason (blank, malformed).",
 		}, []string{"reason"}),
-		notSession: prometheus.NewCounter(prometheus.CounterOpts{
+		notSession: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_skipped_files_total",
-			Help: "Files named *.jsonl skipped because their first line is not a Pi session header.",
-		}),
+			Help: "Files named *.jsonl skipped because they are no Pi session in any form, by reason (not_json, not_entries, no_id, bad_id).",
+		}, []string{"reason"}),
 		blobs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_blobs_total",
 			Help: "Lines above the blob threshold stored in the object store.",

@@ -126,6 +126,8 @@ type Publisher struct {
 	// storeGens: conversation key → the generation the session store writes, for the
 	// conversations found taken over (DESIGN §8): the daemon never extends it again.
 	storeGens map[string]int
+	// skipped: the files found to be no session, and why (session.Reason*).
+	skipped map[watcher.FileID]string
 
 	shrinkMu sync.Mutex              // a leaf: see shrink.go
 	shrinks  map[string]*shrinkState // conversation key → its newest generation's comparison
@@ -192,7 +194,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},
 		byConv:     map[string]watcher.FileID{},
-		clashKeyed: map[string]int{}, clashesSeen: map[string]bool{},
+		clashKeyed: map[string]int{}, clashesSeen: map[string]bool{}, skipped: map[watcher.FileID]string{},
 		opening: map[watcher.FileID]int{}, openingAt: map[watcher.FileID]watcher.File{}, openingKeys: map[watcher.FileID]string{},
 		goneFiles: map[*fileState]struct{}{}, forgotten: map[string]int{},
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),

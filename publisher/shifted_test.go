@@ -146,7 +146,7 @@ func openForLines(t *testing.T, ctx context.Context, p *Publisher, root, path st
 		t.Fatal(err)
 	}
 	rel, _ := filepath.Rel(root, path)
-	f := watcher.File{Root: root, Rel: filepath.ToSlash(rel), Path: path, ID: inode(t, path), Header: header, Size: info.Size()}
+	f := watcher.File{Root: root, Rel: filepath.ToSlash(rel), Path: path, ID: inode(t, path), Lead: &watcher.Lead{Lines: [][]byte{header}}, Size: info.Size()}
 	if _, err := p.Open(ctx, f, watcher.Discovered); err != nil {
 		t.Fatal(err)
 	}

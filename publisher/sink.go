@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,27 +27,31 @@ var _ watcher.Sink = (*Publisher)(nil)
 // mirror what it already holds beyond that point.
 func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenReason) (watcher.Start, error) {
 	log := p.log.With(zap.String("path", f.Path))
-	hdr, err := session.ParseHeader(f.Header)
-	if err != nil {
-		p.mu.Lock()
-		st, seen := p.files[f.ID]
-		if !seen {
-			st = &fileState{file: withoutHeader(f), skipped: true}
-			p.files[f.ID] = st
-		}
-		p.mu.Unlock()
-		if !seen {
-			p.m.notSession.Inc()
-			log.Warn("skipping a .jsonl that is not a Pi session", zap.Int("line", 1), zap.Error(err))
-		}
-		return watcher.Start{Skip: true}, nil
+	var lines [][]byte
+	more := false
+	if f.Lead != nil {
+		lines, more = f.Lead.Lines, f.Lead.More
 	}
+	lead := session.Identify(filepath.Base(f.Path), lines, more)
+	switch lead.Kind {
+	case session.LeadWait:
+		return watcher.Start{Wait: true}, nil
+	case session.LeadNotSession:
+		return p.skip(f, lead.Reason, log), nil
+	case session.LeadHeaderless:
+		if lead.Header.Cwd == "" {
+			lead.Header.Cwd, _ = session.CwdFromDirName(filepath.Base(filepath.Dir(f.Path)))
+		}
+		log.Warn("session file without its header line: mirrored as it is, under the id of its name; recover writes it after a header",
+			zap.String("conversation", lead.Header.ID))
+	}
+	hdr := lead.Header
 	p.beginOpen(f)
 	defer p.endOpen(f)
 	if why != watcher.Discovered && why != watcher.Rechecked {
 		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
 	}
-	hdrSum := sha256.Sum256(f.Header)
+	hdrSum := sha256.Sum256(f.Header())
 	hdrSHA := hex.EncodeToString(hdrSum[:])
 
 	// Whatever the watcher saw (an atomic rename over the path can also look like a
@@ -117,11 +123,10 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	conv, err := mirror.NewConv(p.opts.Owner, key)
 	if err != nil {
 		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
-		p.m.notSession.Inc()
-		return watcher.Start{Skip: true}, nil
+		return p.skip(f, session.ReasonBadID, log), nil
 	}
 	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size,
-		mtime: f.MTime}
+		mtime: f.MTime, headerAt: lead.HeaderAt}
 	start := watcher.Start{}
 	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
 		ok, err := verifyLastLine(f.Path, rec)
@@ -451,9 +456,48 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id strin
 	return key, nil
 }
 
+// skip records f as a .jsonl that is no session (reason: a session.Reason*), counted
+// and logged once, listed by Skipped.
+func (p *Publisher) skip(f watcher.File, reason string, log *zap.Logger) watcher.Start {
+	p.mu.Lock()
+	st, seen := p.files[f.ID]
+	if !seen || !st.skipped {
+		st = &fileState{file: withoutHeader(f), skipped: true}
+		p.files[f.ID] = st
+	}
+	known := p.skipped[f.ID] == reason
+	p.skipped[f.ID] = reason
+	p.mu.Unlock()
+	if !known {
+		p.m.notSession.WithLabelValues(reason).Inc()
+		log.Warn("skipping a .jsonl that is not a Pi session in any form", zap.Int("line", 1), zap.String("reason", reason))
+	}
+	return watcher.Start{Skip: true}
+}
+
+// SkippedFile is a .jsonl under a root that is not a session in any form.
+type SkippedFile struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"` // session.ReasonNotJSON, ReasonNotEntries, ReasonNoID, ReasonBadID
+}
+
+// Skipped lists the files skipped as no session, by path.
+func (p *Publisher) Skipped() []SkippedFile {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := []SkippedFile{}
+	for id, reason := range p.skipped {
+		if st := p.files[id]; st != nil && st.skipped {
+			out = append(out, SkippedFile{Path: st.file.Path, Reason: reason})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}
+
 // withoutHeader is f as a fileState keeps it: the header bytes are read once, by Open.
 func withoutHeader(f watcher.File) watcher.File {
-	f.Header = nil
+	f.Lead = nil
 	return f
 }
 

@@ -54,7 +54,10 @@ type fileState struct {
 	torn      int64         // bytes of a torn tail held by the watcher
 	seenEnd   int64         // end of the last line read
 	mtime     int64         // the file's modification time when last compared or checked whole (see Settled)
-	headSeq   uint64        // acked.StreamSeq of the last head written (kept in the checkpoint)
+	// headerAt is the ordinal of the header line: 0 in Pi's files, later after records
+	// a fork writes first (a title), -1 in a file without one (session.Lead).
+	headerAt int
+	headSeq  uint64 // acked.StreamSeq of the last head written (kept in the checkpoint)
 	// recordedHeadSeq is headSeq as of the last checkpoint record staged.
 	recordedHeadSeq uint64
 
@@ -156,6 +159,7 @@ func (st *fileState) head(host string) mirror.Head {
 		Bytes:        st.acked.Bytes,
 		Head:         st.leaf.ID(),
 		LocalDeleted: st.gone,
+		Headerless:   st.headerAt < 0,
 		UpdatedAt:    time.Now().UTC(),
 	}
 }

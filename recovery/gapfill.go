@@ -42,6 +42,8 @@ func (b *builder) run() {
 			prev = l.Ordinal
 		}
 		switch {
+		case l.isHeader():
+			b.emit(l) // a header after the records a fork writes before it
 		case l.Kind == mirror.KindRaw:
 			b.rep.Raw++
 			if b.in.DropRaw {

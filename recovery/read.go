@@ -156,7 +156,7 @@ func inlineBlobs(ctx context.Context, m Mirror, lines []Line) error {
 		if l.Kind != mirror.KindBlob || l.Data != nil || l.BlobSize > maxInlineBlob {
 			continue
 		}
-		if l.Ordinal != 0 && !(l.HasEnv && l.Env.Type == "leaf") {
+		if !l.isHeader() && !(l.HasEnv && l.Env.Type == "leaf") {
 			continue
 		}
 		data, err := fetchBlob(ctx, m, l.SHA256, l.BlobSize)
@@ -164,7 +164,7 @@ func inlineBlobs(ctx context.Context, m Mirror, lines []Line) error {
 			return fmt.Errorf("line %d: %w", l.Ordinal+1, err)
 		}
 		l.Data = data
-		if l.Ordinal != 0 {
+		if !l.isHeader() {
 			if env, err := session.ScanEntry(data); err == nil {
 				l.Env = env
 			}

@@ -30,6 +30,25 @@ type Line struct {
 	Source    string
 	Seq       uint64
 	Time      time.Time
+	header    bool // the session header (mirrored as kind header, or as a blob of its type)
+}
+
+// isHeader reports whether l is the session header line.
+func (l Line) isHeader() bool { return l.header || l.Kind == mirror.KindHeader }
+
+// headerIndex is the index in lines (in ordinal order) of the header line: at ordinal 0
+// in Pi's files, after the records a fork writes first, -1 in a file without one. It is
+// looked for where the daemon looks for it, among the first session.LeadLines lines.
+func headerIndex(lines []Line) int {
+	for i, l := range lines {
+		if l.Ordinal >= session.LeadLines {
+			break
+		}
+		if l.isHeader() {
+			return i
+		}
+	}
+	return -1
 }
 
 // LineFromMsg turns a message read from the mirror into a Line. The envelope of an
@@ -42,8 +61,8 @@ type Line struct {
 // recovery a tenth of its time.
 func LineFromMsg(m mirror.Msg) Line {
 	l := Line{Ordinal: m.Ordinal, Kind: m.Kind, SHA256: m.SHA256, Data: m.Data, BlobSize: m.BlobSize,
-		Format: m.Format, Source: m.Source, Seq: m.Seq, Time: m.Time}
-	if l.Ordinal == 0 || l.Kind == mirror.KindRaw || l.Kind == mirror.KindHeader {
+		Format: m.Format, Source: m.Source, Seq: m.Seq, Time: m.Time, header: m.Kind == mirror.KindHeader || m.EntryType == mirror.HeaderEntryType}
+	if l.header || l.Kind == mirror.KindRaw {
 		return l
 	}
 	headerID := m.EntryID
@@ -170,21 +189,31 @@ func Rebuild(in Input) (*Plan, error) {
 		lines = withTimestamps(lines)
 	}
 
-	// Line 1: the mirrored header, or one made up from what the mirror knows.
+	// The mirrored header where it stands (line 1, or after records a fork writes before
+	// it), the lines before it kept as they are; or one made up from what the mirror
+	// knows, written before every mirrored line: a file Pi left without its header keeps
+	// each of its lines, and Pi opens it.
 	body := lines
-	if lines[0].Ordinal == 0 {
-		p.Lines = append(p.Lines, outOf(lines[0]))
-		body = lines[1:]
-		if h, err := session.ParseHeader(lines[0].Data); err == nil {
+	switch at := headerIndex(lines); {
+	case at >= 0:
+		if h, err := session.ParseHeader(lines[at].Data); err == nil {
 			p.Header, rep.Conversation = h, h.ID
 		} else {
 			p.Header, _, _ = synthHeader(in, withTimestamps(lines), format, p.Source) // for the output path only
 		}
-	} else {
+		if at == 0 {
+			p.Lines = append(p.Lines, outOf(lines[0]))
+			body = lines[1:]
+		}
+	default:
 		h, b, cwdFrom := synthHeader(in, lines, format, p.Source)
 		p.Header, rep.Conversation, rep.HeaderSynthesized = h, h.ID, true
 		p.Lines = append(p.Lines, synthLine(b))
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the mirror has no header: synthesized a %s header from the conversation id and the earliest entry timestamp, %s", h.Format, cwdFrom))
+		if lines[0].Ordinal == 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the file had no header line: synthesized a %s header from the conversation id, the time in its name (or its earliest entry), %s; every line of the file follows it as it was", h.Format, cwdFrom))
+		} else {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the mirror has no header: synthesized a %s header from the conversation id and the earliest entry timestamp, %s", h.Format, cwdFrom))
+		}
 	}
 
 	b := builder{in: in, rep: &rep, plan: p, body: body, fill: !rep.Complete, head: head}

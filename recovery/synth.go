@@ -29,6 +29,9 @@ const fallbackTimestamp = "1970-01-01T00:00:00.000Z"
 // what it is, for the report.
 func synthHeader(in Input, lines []Line, format, source string) (session.Header, []byte, string) {
 	h := session.Header{ID: in.Key, Timestamp: earliestTimestamp(lines)}
+	if _, ts, ok := session.ParseFileName(path.Base(source)); ok && ts != "" && len(lines) > 0 && lines[0].Ordinal == 0 {
+		h.Timestamp = ts // a file without its header line: Pi named it after the time it was created
+	}
 	if in.Head != nil && in.Head.Conversation != "" {
 		h.ID = in.Head.Conversation // the key differs from the id after a clash
 	}

@@ -27,18 +27,22 @@ type LocalFile struct {
 	Rel      string // relative to Root, slash-separated (as the daemon records it)
 	Path     string
 	Header   session.Header
-	HeaderOK bool  // the first line is complete and a session header
-	Size     int64 // bytes
-	Torn     int64 // bytes after the last newline (a line still being written, or left by a crash)
-	ModTime  time.Time
-	Err      error // the file could not be read
+	HeaderOK bool // a session: a header among its first lines, or entries under Pi's file name (Lead)
+	Lead     session.LeadKind
+	// Skipped is why a .jsonl is no session in any form (a session.Reason*): the daemon
+	// skips it, and status lists it so that nothing under a root is invisible.
+	Skipped string
+	Size    int64 // bytes
+	Torn    int64 // bytes after the last newline (a line still being written, or left by a crash)
+	ModTime time.Time
+	Err     error // the file could not be read
 }
 
-// FindSessions lists the Pi session files under roots (recursively, *.jsonl, symbolic
-// links not followed), sorted by path. A .jsonl whose complete first line is not a
-// session header is not one and is left out, as the daemon skips it; a file whose first
-// line is not complete yet is kept, with HeaderOK false. A root that does not exist has
-// no files.
+// FindSessions lists the .jsonl files under roots (recursively, symbolic links not
+// followed), sorted by path, each read as the daemon reads it (session.Identify): a
+// session whatever its first line, a file whose first lines do not decide yet (HeaderOK
+// false), or no session at all (Skipped says why). A root that does not exist has no
+// files.
 func FindSessions(roots []string) ([]LocalFile, error) {
 	var out []LocalFile
 	for _, r := range roots {
@@ -100,24 +104,50 @@ func readLocal(f *LocalFile) bool {
 	if f.Size == 0 {
 		return false // nothing written yet: nothing to mirror
 	}
-	line, err := bufio.NewReaderSize(io.LimitReader(fh, maxHeaderLine), 4096).ReadBytes('\n')
-	switch {
-	case err == nil:
-		h, perr := session.ParseHeader(bytes.TrimSuffix(line, []byte("\n")))
-		if perr != nil {
-			return false
-		}
-		f.Header, f.HeaderOK = h, true
-	case errors.Is(err, io.EOF):
-		// The first line is not complete (or too long to be a header we can read).
-	default:
+	lines, more, err := leadLines(fh)
+	if err != nil {
 		f.Err = err
 		return true
+	}
+	if len(lines) > 0 {
+		lead := session.Identify(filepath.Base(f.Path), lines, more)
+		f.Lead = lead.Kind
+		switch lead.Kind {
+		case session.LeadHeader, session.LeadHeaderless:
+			f.Header, f.HeaderOK = lead.Header, true
+		case session.LeadNotSession:
+			f.Skipped = lead.Reason
+		}
 	}
 	if f.Torn, err = tornTail(fh, f.Size); err != nil {
 		f.Err = err
 	}
 	return true
+}
+
+// leadLines reads the first complete lines of r as the daemon does: at most
+// session.LeadLines of them within session.LeadBytes (a line past that bound is nil),
+// and whether a complete line follows them.
+func leadLines(r io.Reader) (lines [][]byte, more bool, err error) {
+	br := bufio.NewReaderSize(io.LimitReader(r, maxHeaderLine), 4096)
+	var held int
+	for {
+		line, err := br.ReadBytes('\n')
+		switch {
+		case errors.Is(err, io.EOF):
+			return lines, false, nil // a torn line, or the end of what is read for a header
+		case err != nil:
+			return nil, false, err
+		}
+		if len(lines) == session.LeadLines {
+			return lines, true, nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\n"))
+		if held += len(line); held > session.LeadBytes && len(lines) > 0 {
+			return lines, true, nil
+		}
+		lines = append(lines, line)
+	}
 }
 
 // tornTail returns how many bytes follow the last newline of a file of size bytes,

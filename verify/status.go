@@ -28,10 +28,13 @@ const (
 	// fresh header written over it, cut back, rewritten without some lines): the data
 	// is in the older generation, which recover --generation restores.
 	StateShrunk State = "shrunk"
+	// StateSkipped: a .jsonl under a root that is no session in any form (the detail
+	// says why): the daemon skips it, and nothing under a root is invisible.
+	StateSkipped State = "skipped"
 )
 
 // States lists every state in display order.
-var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift, StateShrunk}
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift, StateShrunk, StateSkipped}
 
 // SessionStatus is the line of one session in `pisync status`.
 type SessionStatus struct {
@@ -110,8 +113,11 @@ func Status(sv Surveyed, o mirror.Owner, host string, now time.Time) StatusRepor
 		s := sessionStatus(p, now)
 		rep.Sessions = append(rep.Sessions, s)
 		t := &rep.Local
-		t.Sessions++
 		t.States[s.State]++
+		if s.State == StateSkipped {
+			continue // not a session: counted by its state only
+		}
+		t.Sessions++
 		t.LocalBytes += s.LocalBytes
 		t.MirroredBytes += min(s.MirroredBytes, s.LocalBytes)
 		t.MaxLagSeconds = max(t.MaxLagSeconds, s.LagSeconds)
@@ -161,6 +167,9 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 	switch {
 	case f.Err != nil:
 		s.State, s.Detail = StateError, f.Err.Error()
+	case f.Skipped != "":
+		s.State, s.Percent = StateSkipped, 0
+		s.Detail = "not a Pi session in any form (" + f.Skipped + "): the daemon does not mirror it"
 	case p.Head == nil && !f.HeaderOK:
 		s.State, s.Detail, s.LagSeconds = StateTorn, "the first line is not complete yet", sinceWrite
 	case p.Headless != nil:

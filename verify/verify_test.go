@@ -199,6 +199,8 @@ func TestSurvey(t *testing.T) {
 		switch {
 		case p.File == nil:
 			got["missing:"+p.Head.Key] = p.Head.Source
+		case p.File.Skipped != "":
+			got["skipped:"+p.File.Skipped] = p.File.Rel
 		case p.Head == nil:
 			got["unmirrored:"+p.File.Header.ID] = p.File.Rel
 		default:
@@ -211,6 +213,7 @@ func TestSurvey(t *testing.T) {
 		"paired:" + heads[2].Key:  heads[2].Source,
 		"missing:" + heads[3].Key: heads[3].Source,
 		"unmirrored:fresh":        "--new--/fresh.jsonl",
+		"skipped:not_entries":     "notes.jsonl", // listed, never invisible
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("survey\n got %v\nwant %v", got, want)

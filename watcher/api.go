@@ -35,13 +35,33 @@ func (id FileID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
 
 // File describes one session file.
 type File struct {
-	Root   string // the watched root it was found under (as configured, cleaned, absolute)
-	Rel    string // path relative to Root, slash-separated
-	Path   string // absolute path
-	ID     FileID
-	Header []byte // in Open only: the first complete line (without its "\n"); a copy, safe to keep; nil when it is longer than Options.MaxInlineBytes
-	Size   int64  // size at the time of the call
-	MTime  int64  // modification time at the time of the call (Unix nanoseconds)
+	Root string // the watched root it was found under (as configured, cleaned, absolute)
+	Rel  string // path relative to Root, slash-separated
+	Path string // absolute path
+	ID   FileID
+	// Lead, in Open only, is the file's beginning: its first complete lines, where a
+	// header written after other records is found. Copies, safe to keep.
+	Lead  *Lead
+	Size  int64 // size at the time of the call
+	MTime int64 // modification time at the time of the call (Unix nanoseconds)
+}
+
+// Lead is the beginning of a file as Sink.Open is given it.
+type Lead struct {
+	// Lines are the first complete lines, without their "\n": at most
+	// session.LeadLines of them and session.LeadBytes in all (a line past that, or
+	// longer than Options.MaxInlineBytes, is nil).
+	Lines [][]byte
+	More  bool // a complete line follows them
+}
+
+// Header is the first complete line of f (nil outside Open, or when it is too long to
+// hold): the line a session file's header is, and a rewrite changes.
+func (f File) Header() []byte {
+	if f.Lead == nil || len(f.Lead.Lines) == 0 {
+		return nil
+	}
+	return f.Lead.Lines[0]
 }
 
 // OpenReason says why Sink.Open is called.
@@ -89,6 +109,10 @@ type Start struct {
 	Offset  int64 // byte offset of the next line to deliver (0 = from the header line)
 	Ordinal int64 // ordinal of the line at Offset (0 = header)
 	Skip    bool  // don't tail this file (not a session); re-Open only if it is Truncated/Replaced
+	// Wait: the first lines do not decide what the file is yet (records that precede a
+	// header, the header not written yet). The file is held like one whose first line
+	// is torn, and opened again with the same reason when it changes.
+	Wait bool
 }
 
 // Line is one complete line.

@@ -182,26 +182,35 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 
 	if needOpen {
 		w.resetTorn(s)
-		hdr, complete, n, err := lr.firstLine(f, size)
+		lead, more, n, err := lr.leadLines(f, size)
 		w.addRead(n)
 		if err != nil {
 			w.fail(s, errReason(err), "read", err, false)
 			return
 		}
-		if !complete {
+		if len(lead) == 0 {
 			// Empty or header torn: held until the first line completes.
 			w.setState(s, statePending)
 			w.succeed(s, fi)
 			return
 		}
+		hdr := lead[0]
 		s.file = file
-		file.Header = hdr // for Open only: the file's state keeps a digest (sameContent)
+		// For Open only: the file's state keeps a digest of the first line (sameContent).
+		file.Lead = &Lead{Lines: lead, More: more}
 		st, err := w.sink.Open(ctx, file, why)
-		file.Header = nil
+		file.Lead = nil
 		if err != nil {
 			if ctx.Err() == nil {
 				w.fail(s, reasonSinkOpen, "open", err, true)
 			}
+			return
+		}
+		if st.Wait {
+			// The first lines do not decide yet (a title written before its header):
+			// held like a torn first line, opened again when the file changes.
+			w.setState(s, statePending)
+			w.succeed(s, fi)
 			return
 		}
 		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prefixOK: st.Offset == 0}

@@ -66,7 +66,6 @@ func (s *recSink) leave(id FileID) {
 func (s *recSink) Open(_ context.Context, f File, why OpenReason) (Start, error) {
 	s.enter(f.ID)
 	defer s.leave(f.ID)
-	f.Header = append([]byte(nil), f.Header...)
 	st := Start{}
 	s.mu.Lock()
 	if why == Moved {

@@ -8,6 +8,8 @@ import (
 	"hash/maphash"
 	"io"
 	"time"
+
+	pisession "github.com/pisync/pisync/session"
 )
 
 // tail is the read position in one file: the next line to deliver, how far past it the
@@ -184,25 +186,34 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 // headerChunk is the read size used to find the first line.
 const headerChunk = 4096
 
-// firstLine returns a copy of the first line of r (nil when it is longer than
-// maxInline), and whether it is complete within size.
-func (lr *lineReader) firstLine(r io.ReaderAt, size int64) (hdr []byte, complete bool, read int64, err error) {
-	// The header is short: read it in small pieces rather than a whole buffer's worth.
+// leadLines returns copies of the first complete lines of r within size: at most
+// pisession.LeadLines of them, and no more bytes than pisession.LeadBytes (a line longer
+// than that, or than maxInline, is nil). more says a complete line follows them. The
+// first line's being complete is len(lines) > 0.
+func (lr *lineReader) leadLines(r io.ReaderAt, size int64) (lines [][]byte, more bool, read int64, err error) {
+	// The first lines are short: read them in small pieces rather than a whole buffer's worth.
 	if full := lr.buf; len(full) > headerChunk {
 		lr.buf = full[:headerChunk]
 		defer func() { lr.buf = full }()
 	}
 	var t tail
 	stop := errors.New("stop")
+	var held int64
 	read, err = lr.advance(r, &t, size, func(l Line) error {
-		if l.Data != nil {
-			hdr = bytes.Clone(l.Data)
+		if len(lines) == pisession.LeadLines || (len(lines) > 0 && held+l.Len > pisession.LeadBytes) {
+			more = true
+			return stop
 		}
-		complete = true
-		return stop
+		var b []byte
+		if l.Data != nil && held+l.Len <= pisession.LeadBytes {
+			b = bytes.Clone(l.Data)
+			held += l.Len
+		}
+		lines = append(lines, b)
+		return nil
 	})
 	if err == stop || errors.Is(err, errShortRead) {
 		err = nil
 	}
-	return hdr, complete, read, err
+	return lines, more, read, err
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -33,7 +34,7 @@ func TestBackfillThenLiveAppends(t *testing.T) {
 		}
 		c := h.sink.find("open", p)[0]
 		rel, _ := filepath.Rel(root, p)
-		if c.f.Root != root || c.f.Rel != filepath.ToSlash(rel) || !bytes.Equal(c.f.Header, []byte(want[p][0])) {
+		if c.f.Root != root || c.f.Rel != filepath.ToSlash(rel) || !bytes.Equal(c.f.Header(), []byte(want[p][0])) {
 			t.Fatalf("open %+v", c.f)
 		}
 	}
@@ -182,8 +183,8 @@ func TestBlankAndCRLFLinesAsTheyAre(t *testing.T) {
 	h := start(t, newRecSink(), []string{root}, nil)
 	h.ready(t)
 	waitLines(t, h.sink, p, "{\"type\":\"session\",\"id\":\"crlf\"}\r", "", "{\"a\":1}\r", "\r", "  ", `{"b":2}`)
-	if c := h.sink.find("open", p)[0]; string(c.f.Header) != "{\"type\":\"session\",\"id\":\"crlf\"}\r" {
-		t.Fatalf("header %q", c.f.Header)
+	if c := h.sink.find("open", p)[0]; string(c.f.Header()) != "{\"type\":\"session\",\"id\":\"crlf\"}\r" {
+		t.Fatalf("header %q", c.f.Header())
 	}
 }
 
@@ -231,7 +232,7 @@ func TestSkip(t *testing.T) {
 	writeFile(t, p, "{\"not\":\"a session\"}\n{\"x\":1}\n")
 	sink := newRecSink()
 	sink.open = func(f File, why OpenReason) (Start, error) {
-		return Start{Skip: bytes.Contains(f.Header, []byte(`"not"`))}, nil
+		return Start{Skip: bytes.Contains(f.Header(), []byte(`"not"`))}, nil
 	}
 	h := start(t, sink, []string{root}, nil)
 	h.ready(t)
@@ -276,5 +277,48 @@ func TestSinkLineErrorRetriesWithoutEvents(t *testing.T) {
 	}
 	if st := h.w.Stats(); st.Errors != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestSinkWaitsForMoreLines: a sink that cannot tell yet what a file is (a title record
+// written before its header) answers Wait; the file is held like one whose first line
+// is torn, and opened again, with its first lines, once it grows.
+func TestSinkWaitsForMoreLines(t *testing.T) {
+	root := t.TempDir()
+	p := filepath.Join(root, "2026-12-05T14-00-00-000Z_wait.jsonl")
+	title := `{"type":"title","v":1,"title":"t"}`
+	writeFile(t, p, title+"\n")
+	sink := newRecSink()
+	var leads [][]string
+	var mu sync.Mutex
+	sink.open = func(f File, why OpenReason) (Start, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var lines []string
+		for _, l := range f.Lead.Lines {
+			lines = append(lines, string(l))
+		}
+		leads = append(leads, lines)
+		if len(lines) < 2 {
+			return Start{Wait: true}, nil
+		}
+		return Start{}, nil
+	}
+	h := start(t, sink, []string{root}, nil)
+	h.ready(t)
+	waitFor(t, "the first Open", func() bool { mu.Lock(); defer mu.Unlock(); return len(leads) == 1 })
+	if got := sink.texts(p); len(got) != 0 {
+		t.Fatalf("lines delivered while the sink waits: %q", got)
+	}
+	hdr := session("wait-hdr", 1)
+	appendFile(t, p, joinLines(hdr...))
+	waitLines(t, sink, p, append([]string{title}, hdr...)...)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leads) != 2 || strings.Join(leads[1], "|") != strings.Join([]string{title, hdr[0], hdr[1]}, "|") {
+		t.Fatalf("Opens saw %q", leads)
+	}
+	if r := sink.reasons(p); len(r) != 2 || r[0] != Discovered || r[1] != Discovered {
+		t.Fatalf("opens %v: the Open after a Wait has the reason the first had", r)
 	}
 }

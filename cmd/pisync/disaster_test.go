@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/verify"
 )
 
@@ -178,4 +180,134 @@ func TestLegitimateRewritesAreNotShrunk(t *testing.T) {
 	if c := metricValue(t, d, "pisync_generations_shrunk_total", nil); c != 0 {
 		t.Errorf("pisync_generations_shrunk_total %v", c)
 	}
+}
+
+// TestEverySessionFileIsMirrored: a session file whatever its first line. One without
+// its header (Pi recreated it after a delete, Pi #8939) is mirrored byte for byte under
+// the id of its name, its head marked headerless, and recovered after a synthesized
+// header with every line as it was; one with oh-my-pi's title record before the header
+// (Pi #8880) is mirrored and recovered byte for byte; a title alone waits for its
+// header; a .jsonl that is no session is counted, listed and shown skipped.
+func TestEverySessionFileIsMirrored(t *testing.T) {
+	rng := rand.New(rand.NewPCG(65, 66))
+	srv := natstest.Run(t)
+	root := t.TempDir()
+	// Pi's file, then the same session's entries without the header line.
+	whole := sessiontest.New(rng, root, "/home/dev/gone", sessiontest.HarnessV3)
+	if err := whole.Append(whole.HeaderLine("/home/dev/gone"), whole.Message(200), whole.Message(200), whole.Message(200)); err != nil {
+		t.Fatal(err)
+	}
+	headerless := mirrorTestContent(t, whole.Path)[2:] // every line but the header
+	if err := os.WriteFile(whole.Path, joinRaw(headerless), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	titled := sessiontest.New(rng, root, "/home/dev/omp", sessiontest.HarnessV3)
+	title := []byte(`{"type":"title","v":1,"title":"fix the build","source":"auto","updatedAt":"2026-12-05T14:00:00.000Z","pad":"        "}`)
+	if err := titled.Append(title, titled.HeaderLine("/home/dev/omp"), titled.Message(200), titled.Message(200)); err != nil {
+		t.Fatal(err)
+	}
+	waiting := sessiontest.New(rng, root, "/home/dev/omp", sessiontest.HarnessV3)
+	if err := waiting.Append(title); err != nil {
+		t.Fatal(err)
+	}
+	notes := filepath.Join(root, "notes.jsonl")
+	if err := os.WriteFile(notes, []byte(`{"event":"start"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	stopped := false
+	defer func() {
+		if !stopped {
+			d.stop()
+		}
+	}()
+	nc := natstest.Connect(t, srv.URL())
+	r := newReader(t, nc, "t1", "alice")
+	// The title alone, then its header and an entry: mirrored once the header is there.
+	if err := waiting.Append(waiting.HeaderLine("/home/dev/omp"), waiting.Message(100)); err != nil {
+		t.Fatal(err)
+	}
+	allMirrored(t, r, root, 20*time.Second)
+	ctx := context.Background()
+	for _, f := range []*sessiontest.File{whole, titled, waiting} {
+		c := mustConv(t, r, f.ID)
+		if g := readGen(t, r, f.ID, 0); g.Number != 1 {
+			t.Errorf("%s: generation %d", f.Path, g.Number)
+		}
+		size := int64(len(mirrorTestContent(t, f.Path)[0]))
+		waitFor(t, 20*time.Second, "the head of "+f.Path, func() (bool, string) {
+			h, _, err := r.Head(ctx, c)
+			return err == nil && h.Bytes == size, fmt.Sprint(err)
+		})
+		if h, _, _ := r.Head(ctx, c); h.Headerless != (f == whole) || h.Cwd == "" {
+			t.Errorf("%s: head %+v", f.Path, h)
+		}
+	}
+	if v := metricValue(t, d, "pisync_skipped_files_total", map[string]string{"reason": "not_entries"}); v != 1 {
+		t.Errorf("pisync_skipped_files_total{reason=not_entries} %v", v)
+	}
+	if doc := d.status(); len(doc.SkippedFiles) != 1 || doc.SkippedFiles[0].Path != notes || doc.SkippedFiles[0].Reason != "not_entries" {
+		t.Errorf("status page skipped files %+v", doc.SkippedFiles)
+	}
+	conn := []string{"--nats", srv.URL(), "--tenant", "t1", "--owner", "alice"}
+	st, _ := statusJSON(t, ctx, append(append([]string{}, conn...), "--root", root, "--host", d.f.host))
+	states := map[string]verify.State{}
+	for _, s := range st.Sessions {
+		states[s.Path] = s.State
+	}
+	want := map[string]verify.State{whole.Path: verify.StateSynced, titled.Path: verify.StateSynced, waiting.Path: verify.StateSynced, notes: verify.StateSkipped}
+	if fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Errorf("status states %v, want %v", states, want)
+	}
+
+	// Lost, and recovered into the root.
+	originals := map[string][]byte{}
+	for _, f := range []*sessiontest.File{whole, titled, waiting} {
+		originals[f.Path] = mirrorTestContent(t, f.Path)[0]
+		if err := os.Remove(f.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.stop()
+	stopped = true
+	doc := recoverJSON(t, exitOK, append(append([]string{}, conn...), "--all", "--root", root)...)
+	if doc.Summary.Written != 3 {
+		t.Fatalf("recover --all: %+v", doc.Summary)
+	}
+	for _, f := range []*sessiontest.File{titled, waiting} {
+		if got, err := os.ReadFile(f.Path); err != nil || !bytes.Equal(got, originals[f.Path]) {
+			t.Errorf("%s: not byte-identical (%v)", f.Path, err)
+		}
+	}
+	got, err := os.ReadFile(whole.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, rest, _ := bytes.Cut(got, []byte("\n"))
+	hdr, err := session.ParseHeader(first)
+	if err != nil || hdr.ID != whole.ID || hdr.Cwd != "/home/dev/gone" || hdr.Format != session.FormatV3 {
+		t.Errorf("synthesized header %q: %+v %v", first, hdr, err)
+	}
+	if !bytes.Equal(rest, joinRaw(headerless)) {
+		t.Errorf("the headerless file's lines are not kept byte for byte after the header:\n%s\nwant\n%s", rest, joinRaw(headerless))
+	}
+}
+
+// mirrorTestContent returns a file's content whole (at 0) and its complete lines after it.
+func mirrorTestContent(t *testing.T, path string) [][]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([][]byte{b}, completeLines(b)...)
+}
+
+// joinRaw is lines, each ended by a newline.
+func joinRaw(lines [][]byte) []byte {
+	var out []byte
+	for _, l := range lines {
+		out = append(append(out, l...), '\n')
+	}
+	return out
 }

@@ -193,11 +193,11 @@ func mirrorMatches(ctx context.Context, r *mirror.Reader, path string) (bool, st
 	if len(lines) == 0 {
 		return true, ""
 	}
-	hdr, err := session.ParseHeader(lines[0])
-	if err != nil {
-		return true, "" // not a session: nothing to mirror
+	lead := session.Identify(filepath.Base(path), lines[:min(len(lines), session.LeadLines)], len(lines) > session.LeadLines)
+	if lead.Kind != session.LeadHeader && lead.Kind != session.LeadHeaderless {
+		return true, "" // not a session (or not yet): nothing to mirror
 	}
-	c, err := r.Conv(hdr.ID)
+	c, err := r.Conv(lead.Header.ID)
 	if err != nil {
 		return false, err.Error()
 	}

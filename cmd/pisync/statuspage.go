@@ -37,9 +37,11 @@ type statusDoc struct {
 	Quarantined  []publisher.Quarantined `json:"quarantined"`         // lines the server refused for good, newest first
 	// Shrunk are the sessions whose newest generation lacks entries of the one before
 	// it: destroyed in place, their data in the older generation.
-	Shrunk       []publisher.ShrunkSession `json:"shrunk"`
-	Backpressure publisher.Backpressure    `json:"backpressure"` // the cluster holding publishing back for lack of room
-	Time         time.Time                 `json:"time"`
+	Shrunk []publisher.ShrunkSession `json:"shrunk"`
+	// SkippedFiles are the .jsonl files under the roots that are no session in any form.
+	SkippedFiles []publisher.SkippedFile `json:"skipped_files"`
+	Backpressure publisher.Backpressure  `json:"backpressure"` // the cluster holding publishing back for lack of room
+	Time         time.Time               `json:"time"`
 }
 
 // natsStatus is the daemon's connection to NATS.
@@ -173,9 +175,11 @@ func (d *daemon) status() statusDoc {
 	}
 	doc.Quarantined = []publisher.Quarantined{}
 	doc.Shrunk = []publisher.ShrunkSession{}
+	doc.SkippedFiles = []publisher.SkippedFile{}
 	if d.up.Load() {
 		doc.Quarantined = d.pub.Quarantined()
 		doc.Shrunk = d.pub.Shrunk()
+		doc.SkippedFiles = d.pub.Skipped()
 		doc.Backpressure = d.pub.Backpressure()
 	}
 	return doc

@@ -23,6 +23,8 @@ const (
 	// A conversation of the stream without a usable head that no local file carries
 	// (a file that carries one is compared with it).
 	verifyNoHead = "no-head"
+	// A .jsonl that is no session in any form: the daemon skips it (the reason says why).
+	verifySkipped = "skipped"
 )
 
 // verifyFile is the outcome of one file (or, for no-head, one conversation of the mirror)
@@ -97,6 +99,9 @@ func VerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "%d files: %d ok, %d drifted, %d not mirrored, %d local missing, %d errors",
 			len(doc.Files)-doc.Summary[verifyNoHead], doc.Summary[verifyOK], doc.Summary[verifyDrift], doc.Summary[verifyNotMirrored],
 			doc.Summary[verifyMissing], doc.Summary[verifyError])
+		if n := doc.Summary[verifySkipped]; n > 0 {
+			fmt.Fprintf(stdout, ", %d skipped (not sessions)", n)
+		}
 		if n := doc.Summary[verifyNoHead] + len(sv.BadHeads); n > 0 {
 			fmt.Fprintf(stdout, "; %d conversations without a usable head, %d heads that do not decode", doc.Summary[verifyNoHead], len(sv.BadHeads))
 		}
@@ -114,6 +119,8 @@ func verifyOne(ctx context.Context, m recovery.Mirror, p verify.Pair) verifyFile
 		return verifyFile{Path: filepath.Join(p.Head.Root, filepath.FromSlash(p.Head.Source)), Result: verifyMissing}
 	case p.File.Err != nil:
 		return verifyFile{Path: p.File.Path, Result: verifyError, Error: p.File.Err.Error()}
+	case p.File.Skipped != "":
+		return verifyFile{Path: p.File.Path, Result: verifySkipped, Detail: "not a Pi session in any form: " + p.File.Skipped}
 	case p.Head == nil && p.Headless == nil:
 		return verifyFile{Path: p.File.Path, Result: verifyNotMirrored}
 	}
