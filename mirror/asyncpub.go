@@ -80,7 +80,6 @@ type Pending struct {
 	token uint64
 	reply string
 	msg   nats.Msg // what goes on the wire: the caller's message with our reply subject
-	hdr   []byte   // the header block encoded by the caller, sent in place of msg.Header
 	orig  *nats.Msg
 
 	notify   chan<- struct{}
@@ -179,45 +178,20 @@ func (a *AsyncPublisher) Publish(m *nats.Msg, notify chan<- struct{}) (*Pending,
 	if m.Reply != "" {
 		return nil, jetstream.ErrAsyncPublishReplySubjectSet
 	}
-	return a.publish(m.Subject, m.Header, nil, m.Data, m, notify)
-}
-
-// PublishEncoded is Publish for a message whose header block the caller encoded
-// (Outgoing.Header): hdr goes on the wire as it is. hdr and data must not change while
-// the record is pending.
-func (a *AsyncPublisher) PublishEncoded(subject string, hdr, data []byte, notify chan<- struct{}) (*Pending, error) {
-	var orig *nats.Msg
-	if a.acked != nil {
-		// The hook reads headers from a map: decode the block for it alone.
-		h, err := nats.DecodeHeadersMsg(hdr)
-		if err != nil {
-			return nil, err
-		}
-		orig = &nats.Msg{Subject: subject, Header: h, Data: data}
-	}
-	return a.publish(subject, nil, hdr, data, orig, notify)
-}
-
-// publish sends a message with headers h, or the encoded block hdr in their place; orig
-// is what the record's Msg returns (nil: the message as sent).
-func (a *AsyncPublisher) publish(subject string, h nats.Header, hdr, data []byte, orig *nats.Msg, notify chan<- struct{}) (*Pending, error) {
 	a.mu.Lock()
 	if err := a.waitRoomLocked(); err != nil {
 		a.mu.Unlock()
 		return nil, err
 	}
 	p := a.takeLocked()
-	p.msg = nats.Msg{Subject: subject, Reply: p.reply, Header: h, Data: data}
-	p.hdr, p.orig, p.notify = hdr, orig, notify
-	if orig == nil {
-		p.orig = &p.msg
-	}
+	p.msg = nats.Msg{Subject: m.Subject, Reply: p.reply, Header: m.Header, Data: m.Data}
+	p.orig, p.notify = m, notify
 	p.publishing = 1
 	a.pending[p.token] = p
 	a.armLocked(p)
 	a.mu.Unlock()
 
-	err := publishEncoded(a.nc, &p.msg, p.hdr)
+	err := a.nc.PublishMsg(&p.msg)
 
 	a.mu.Lock()
 	if err != nil {
@@ -309,7 +283,7 @@ func (a *AsyncPublisher) recycleLocked(p *Pending) {
 		return
 	}
 	p.reusable = false // on the list once
-	p.msg, p.hdr, p.orig, p.notify = nats.Msg{}, nil, nil, nil
+	p.msg, p.orig, p.notify = nats.Msg{}, nil, nil
 	a.free = append(a.free, p)
 }
 
@@ -631,7 +605,7 @@ func (a *AsyncPublisher) expireLocked() (next int64, any bool) {
 	if len(due) > 0 {
 		a.mu.Unlock()
 		for _, p := range due {
-			if err := publishEncoded(a.nc, &p.msg, p.hdr); err != nil {
+			if err := a.nc.PublishMsg(&p.msg); err != nil {
 				a.mu.Lock()
 				if a.pending[p.token] == p {
 					a.resolveLocked(p, jetstream.PubAck{}, err, false)

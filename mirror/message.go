@@ -2,8 +2,10 @@ package mirror
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,7 +61,7 @@ type Line struct {
 }
 
 // NewMsg builds the message of one line of conversation c, with its headers as a map
-// (the session store's writes; the publisher sends NewOutgoing's encoded form). body is
+// (the session store's writes; the publisher sends NewOutgoing's pooled form). body is
 // the line's exact bytes without its newline (empty for a blob reference).
 //
 // The message and the backing array of every header value are one object (a map
@@ -76,7 +78,7 @@ func (n Names) NewMsg(c Conv, l Line, body []byte) *nats.Msg {
 	return &m.msg
 }
 
-// headerList is the headers of one line in the order NewOutgoing writes them.
+// headerList is the headers of one line.
 type headerList struct {
 	kv [12][2]string
 	n  int
@@ -130,73 +132,88 @@ func (n Names) headers(c Conv, l Line) (string, headerList) {
 	return s[:subjEnd], hs
 }
 
-// Outgoing is the message of one line as the publisher sends it: its header block
-// encoded once and the line's bytes, in one buffer, with the line's metadata beside them,
-// so that no header map is built or walked per line (a map of a dozen headers, filled and
-// then encoded by nats.go, was a tenth of the daemon's CPU: bench/RESULTS.md, issue 15).
-// It does not change once built: a publish in flight may still read it.
+// Outgoing is the message of one line as the publisher sends it, with the line's
+// metadata beside it. Its message, header map and the map's values come from a pool and
+// go back to it once the line is acknowledged (Release): the map is built for the first
+// line a window slot carries and refilled for the next, so a line costs no map of its
+// own (filling a fresh map of a dozen headers per line was the largest allocation of a
+// back-fill: bench/RESULTS.md, issue 15). It does not change once built: a publish in
+// flight may still read it.
 type Outgoing struct {
 	Subject string
 	Line    Line
 	Data    []byte // the line's bytes; nil for a blob reference
-	hdr     []byte // the header block, ending in its blank line
+	m       *outMsg
 	buf     *[]byte
 }
 
-// NewOutgoing builds the message of one line of conversation c, as NewMsg but with its
-// headers encoded as nats.go encodes NewMsg's. body is copied: the caller may reuse it.
+// outMsg is a message, its header map and the values the map holds, kept together for
+// reuse by the next line.
+type outMsg struct {
+	msg  nats.Msg
+	vals [12]string
+}
+
+var outMsgs = sync.Pool{New: func() any {
+	m := &outMsg{}
+	m.msg.Header = make(nats.Header, len(m.vals)+1) // room for a fence without growing
+	return m
+}}
+
+// NewOutgoing builds the message of one line of conversation c, with the headers of
+// NewMsg. body is copied: the caller may reuse it.
 func (n Names) NewOutgoing(c Conv, l Line, body []byte) *Outgoing {
 	subject, hs := n.headers(c, l)
-	size := len(hdrLine) + len(crlf)
-	for _, kv := range hs.kv[:hs.n] {
-		size += len(kv[0]) + len(kv[1]) + 4
+	m := outMsgs.Get().(*outMsg)
+	h := m.msg.Header
+	clear(h)
+	for k, kv := range hs.kv[:hs.n] {
+		m.vals[k] = kv[1]
+		h[kv[0]] = m.vals[k : k+1 : k+1]
 	}
-	buf := lineBuffers.get(size + len(body))
-	b := append((*buf)[:0], hdrLine...)
-	for _, kv := range hs.kv[:hs.n] {
-		b = appendHeaderLine(b, kv[0], kv[1])
-	}
-	b = append(b, crlf...)
-	h := len(b)
-	b = append(b, body...)
-	*buf = b
-	o := &Outgoing{Subject: subject, Line: l, hdr: b[:h:h], buf: buf}
+	o := &Outgoing{Subject: subject, Line: l, m: m}
 	if len(body) > 0 {
-		o.Data = b[h:len(b):len(b)]
+		buf := lineBuffers.get(len(body))
+		*buf = append((*buf)[:0], body...)
+		o.buf, o.Data = buf, *buf
 	}
+	m.msg = nats.Msg{Subject: subject, Header: h, Data: o.Data}
 	return o
 }
 
-// Release hands o's buffer back for another line's message. The caller must be sure that
-// nothing reads o any more: every publish of it is resolved (a publish's record holds
-// its bytes until then) and o is dropped.
+// Release hands o's message and buffer back for another line. The caller must be sure
+// that nothing reads o any more: every publish of it is resolved (a publish's record
+// holds its message until then) and o is dropped.
 func (o *Outgoing) Release() {
 	if o.buf != nil {
 		lineBuffers.put(o.buf)
 	}
+	if o.m != nil {
+		clear(o.m.vals[:])
+		o.m.msg = nats.Msg{Header: o.m.msg.Header}
+		outMsgs.Put(o.m)
+	}
 	*o = Outgoing{}
 }
 
-// Header is the header block to send: o's, with fence (a stream sequence) as the
-// expected last sequence of its subject when not "". The returned bytes are never
-// written again.
-func (o *Outgoing) Header(fence string) []byte {
+// Msg is the message to send: o's, or, with fence (a stream sequence) not "", a copy
+// whose headers also name it as the expected last sequence of its subject. o's own
+// message never changes, so a publish of it still in flight (a retry after "no
+// responders") never sees a later send's fence.
+func (o *Outgoing) Msg(fence string) *nats.Msg {
 	if fence == "" {
-		return o.hdr
+		return &o.m.msg
 	}
-	b := make([]byte, 0, len(o.hdr)+len(fenceKey)+len(fence)+len(": \r\n"))
-	b = append(b, o.hdr[:len(o.hdr)-len(crlf)]...)
-	b = appendHeaderLine(b, fenceKey, fence)
-	return append(b, crlf...)
+	h := make(nats.Header, len(o.m.msg.Header)+1)
+	maps.Copy(h, o.m.msg.Header)
+	h[fenceKey] = []string{fence}
+	return &nats.Msg{Subject: o.Subject, Header: h, Data: o.Data}
 }
 
-// Msg is o as a message with a header map, fenced as Header is.
-func (o *Outgoing) Msg(fence string) *nats.Msg {
-	h, err := nats.DecodeHeadersMsg(o.Header(fence))
-	if err != nil {
-		panic(fmt.Sprintf("mirror: decode a header block built here: %v", err)) // a bug in appendHeaderLine
-	}
-	return &nats.Msg{Subject: o.Subject, Header: h, Data: o.Data}
+// HeaderSize is the size of the header block nats.go sends for o's message unfenced.
+func (o *Outgoing) HeaderSize() int {
+	m := &o.m.msg
+	return m.Size() - len(m.Subject) - len(m.Reply) - len(m.Data)
 }
 
 // fenceKey is the header that makes the server refuse a line if its subject's last

@@ -178,7 +178,7 @@ func TestNewMsgWire(t *testing.T) {
 				HdrHost: "h", HdrSource: "s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The map NewMsg fills and the block NewOutgoing encodes carry the same headers.
+			// The map NewMsg fills and the one NewOutgoing refills carry the same headers.
 			for _, encoded := range []bool{false, true} {
 				m := DefaultNames().NewMsg(c, tc.line, []byte("body"))
 				if encoded {

@@ -1,14 +1,14 @@
 package natsconn
 
 import (
-	"math/rand/v2"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 )
 
 // Backoff is pisync's wait between connection attempts: exponential backoff with full
-// jitter. The n-th wait is drawn uniformly from [0, min(Max, Base·2ⁿ⁻¹)).
+// jitter. The n-th wait is drawn uniformly from [0, min(Max, Base·2ⁿ⁻¹)].
 //
 // Full jitter is what spreads a fleet: after a cluster outage every daemon of the fleet
 // has been retrying since the same moment, and with a fixed wait (or a little jitter
@@ -17,10 +17,8 @@ import (
 // N/Max per second once the waits reach the cap, whatever N (docs/capacity.md, the
 // restart storm).
 type Backoff struct {
-	Base time.Duration // ceiling of the first wait
+	Base time.Duration // ceiling of the first wait (> 0)
 	Max  time.Duration // ceiling of every wait
-
-	rand func() float64 // in [0, 1); nil: math/rand/v2
 }
 
 // Reconnect is the policy of every pisync connection: a blip of the network is over in
@@ -28,27 +26,25 @@ type Backoff struct {
 var Reconnect = Backoff{Base: 250 * time.Millisecond, Max: 30 * time.Second}
 
 // Delay is the wait before attempt n (1 for the first retry). It never exceeds Max,
-// and grows no further once Base·2ⁿ⁻¹ passes it (no overflow for any n).
+// and grows no further once Base·2ⁿ⁻¹ passes it.
+//
+// backoff/v4 draws a wait from interval·(1 ± RandomizationFactor): with a factor of 1
+// around half the ceiling, that is the whole of [0, ceiling].
 func (b Backoff) Delay(n int) time.Duration {
-	ceiling := b.Max
-	if n < 1 {
-		n = 1
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval:     b.Base / 2,
+		RandomizationFactor: 1,
+		Multiplier:          2,
+		MaxInterval:         b.Max / 2,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	} // MaxElapsedTime 0: no end, the caller decides when to give up
+	bo.Reset()
+	// Past 64 doublings any ceiling is capped: n's size costs nothing.
+	for range min(max(n, 1), 64) - 1 {
+		bo.NextBackOff()
 	}
-	// Base·2ⁿ⁻¹ compared without computing it past Max: shifting stops at the cap.
-	if c := b.Base; c > 0 {
-		for i := 1; i < n && c < b.Max; i++ {
-			c *= 2
-		}
-		ceiling = min(c, b.Max)
-	}
-	if ceiling <= 0 {
-		return 0
-	}
-	r := b.rand
-	if r == nil {
-		r = rand.Float64
-	}
-	return time.Duration(r() * float64(ceiling))
+	return min(bo.NextBackOff(), b.Max)
 }
 
 // Option makes the client wait Delay(n) after its n-th round over the server list

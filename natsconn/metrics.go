@@ -7,6 +7,8 @@ type Metrics struct {
 	connected  prometheus.Gauge
 	reconnects prometheus.Counter
 	disconnect prometheus.Counter
+	jsReady    prometheus.Gauge
+	jsNotReady prometheus.Counter
 }
 
 // NewMetrics declares the connection metrics and registers them on reg.
@@ -24,8 +26,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "pisync_nats_disconnects_total",
 			Help: "Disconnections from NATS.",
 		}),
+		jsReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_jetstream_ready",
+			Help: "1 once JetStream has answered the start-up requests, 0 while they wait for it (a cluster without a leader, a server restarting).",
+		}),
+		jsNotReady: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_jetstream_not_ready_total",
+			Help: "Start-up requests that found JetStream not ready yet and were retried with backoff.",
+		}),
 	}
-	reg.MustRegister(m.connected, m.reconnects, m.disconnect)
+	reg.MustRegister(m.connected, m.reconnects, m.disconnect, m.jsReady, m.jsNotReady)
 	return m
 }
 
@@ -46,5 +56,18 @@ func (m *Metrics) reconnected() {
 	if m != nil {
 		m.connected.Set(1)
 		m.reconnects.Inc()
+	}
+}
+
+func (m *Metrics) jetStreamReady() {
+	if m != nil {
+		m.jsReady.Set(1)
+	}
+}
+
+func (m *Metrics) jetStreamNotReady() {
+	if m != nil {
+		m.jsReady.Set(0)
+		m.jsNotReady.Inc()
 	}
 }

@@ -272,7 +272,7 @@ func (p *Publisher) send(ctx context.Context, st *fileState, it *item) error {
 	it.sends++
 	st.mu.Unlock()
 	epoch := p.gate.current()
-	rec, err := p.async.PublishEncoded(out.Subject, out.Header(seq), out.Data, p.ackReady)
+	rec, err := p.async.Publish(out.Msg(seq), p.ackReady)
 	st.mu.Lock()
 	if err != nil {
 		st.mu.Unlock()

@@ -67,8 +67,8 @@ func (p *Publisher) noteStoreGen(st *fileState, gen int) {
 // before any line of the file was acknowledged since it was opened or reconciled
 // (st.ownAck): the back-fill is fenced once (above).
 //
-// The fence is not written into the line's message: each send encodes its own header
-// block (mirror.Outgoing.Header), so a publish still in flight (nats.go's retry after "no
+// The fence is not written into the line's message: a fenced send goes out as a copy
+// (mirror.Outgoing.Msg), so a publish still in flight (nats.go's retry after "no
 // responders") never sees the fence of a later resend change under it.
 func fence(st *fileState, it *item, on bool) string {
 	if seq := max(st.acked.StreamSeq, st.fenceSeq); on && len(st.queue) > 0 && st.queue[0] == it && seq != 0 &&

@@ -51,7 +51,7 @@ func (p *Publisher) msgSize(ml mirror.Line, n int64) int64 {
 		return n
 	}
 	out := p.opts.Names.NewOutgoing(c, ml, nil)
-	size := int64(len(out.Header("")))
+	size := int64(out.HeaderSize())
 	out.Release()
 	// The conversation key and subject are not in ml: leave room for the longest.
 	return n + size + 2*256

@@ -43,17 +43,10 @@ func specialMask(w uint64) uint64 {
 }
 
 // scanString validates a string whose contents start at i (just after the
-// opening quote). It returns the index of the closing quote and whether the
-// contents hold an escape; on an error, the offset the error names.
+// opening quote), eight bytes a word. It returns the index of the closing quote
+// and whether the contents hold an escape; on an error, the offset the error
+// names.
 func scanString(b []byte, i int) (end int, esc bool, err error) {
-	if useSIMD {
-		return scanStringSIMD(b, i)
-	}
-	return scanStringSWAR(b, i)
-}
-
-// scanStringSWAR is scanString eight bytes a word, on any architecture.
-func scanStringSWAR(b []byte, i int) (end int, esc bool, err error) {
 	for {
 		// Skip ordinary bytes sixteen, then eight at a time: strings are most of a line.
 		for i+16 <= len(b) {

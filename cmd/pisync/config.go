@@ -150,7 +150,7 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tenant, "tenant", "default", "tenant this daemon publishes under")
 	fs.StringVar(&c.owner, "owner", defaultOwner(), "owner this daemon publishes under")
 	fs.StringVar(&c.prefix, "prefix", "pisync", "name prefix of the stream, buckets and subjects")
-	fs.DurationVar(&c.connectTO, "connect-timeout", 10*time.Second, "how long to wait for NATS at start")
+	fs.DurationVar(&c.connectTO, "connect-timeout", 10*time.Second, "how long to wait for NATS at start, and again for its JetStream")
 	fs.StringVar(&c.user, "nats-user", "", "NATS user name (with --nats-password)")
 	fs.Var(&c.password, "nats-password", "NATS password; prefer the variable PISYNC_NATS_PASSWORD (a command line is visible to every local user)")
 	fs.Var(&c.token, "nats-token", "NATS authentication token; prefer the variable PISYNC_NATS_TOKEN")

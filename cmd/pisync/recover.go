@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/pisync/pisync/mirror"
+	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/recovery"
 	"github.com/pisync/pisync/redact"
 )
@@ -275,7 +276,14 @@ func openMirror(ctx context.Context, c *connFlags, name string, stderr io.Writer
 		closeAll()
 		return nil, mirror.Owner{}, nil, fmt.Errorf("jetstream: %w", err)
 	}
-	m, err := recovery.NewMirror(ctx, js, names, owner)
+	// A server restarted a moment ago accepts the connection before its JetStream
+	// answers: wait for it as long as for the connection.
+	var m recovery.Mirror
+	err = natsconn.NewJetStreamWait(log, nil).Do(ctx, c.connectTO, "bind the mirror", func(ctx context.Context) error {
+		var err error
+		m, err = recovery.NewMirror(ctx, js, names, owner)
+		return err
+	})
 	if err != nil {
 		closeAll()
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {

@@ -124,7 +124,8 @@ type daemon struct {
 	verifyDone   chan struct{}
 	memCancel    context.CancelFunc
 	memDone      chan struct{}
-	up           atomic.Bool // every part started: HTTP handlers may use them
+	jsWait       *natsconn.JetStreamWait // set before HTTP starts
+	up           atomic.Bool             // every part started: HTTP handlers may use them
 }
 
 func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
@@ -148,6 +149,8 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		return nil, fmt.Errorf("create state directory %s: %w", f.conn.stateDir, err)
 	}
 	secureStateDir(log, f.conn.stateDir)
+	nm := natsconn.NewMetrics(d.reg)
+	d.jsWait = natsconn.NewJetStreamWait(log, nm)
 	// HTTP first: /healthz answers (and /readyz says why not) while NATS is retried, so
 	// that a liveness probe does not restart a daemon that is only waiting.
 	if f.httpAddr != "" {
@@ -161,7 +164,6 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		}
 		collectEmbeddedMore()
 	}
-	nm := natsconn.NewMetrics(d.reg)
 	if d.nc, err = f.conn.connect(ctx, "pisync run "+f.host, 0, log, nm,
 		nats.CustomInboxPrefix(owner.InboxPrefix())); err != nil {
 		return nil, err
@@ -170,8 +172,16 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	if err != nil {
 		return nil, err
 	}
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Mode: mirror.ProvisionMode(f.provision),
-		Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+	// Until stopped, as the connection: a daemon that gave up would be restarted by its
+	// supervisor, and after a cluster-wide outage the whole fleet with it.
+	if err := d.jsWait.Do(ctx, 0, "provision the mirror", func(ctx context.Context) error {
+		if err := mirror.Provision(ctx, js, names, mirror.Config{Mode: mirror.ProvisionMode(f.provision),
+			Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+			return err
+		}
+		_, err := mirror.Bind(ctx, js, names) // each object's leader answers
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	cm := checkpoint.NewMetrics()
@@ -338,6 +348,9 @@ func (d *daemon) stopMemoryRelease() {
 // ready reports whether NATS is reachable and the first scan is done.
 func (d *daemon) ready() (bool, string) {
 	if !d.up.Load() {
+		if why := d.jsWait.Reason(); why != "" {
+			return false, "starting: waiting for JetStream: " + why
+		}
 		return false, "starting: connecting to NATS"
 	}
 	if d.nc == nil || !d.nc.IsConnected() {

@@ -73,6 +73,8 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := sm.Register(reg); err != nil {
 		return err
 	}
+	nm := natsconn.NewMetrics(reg)
+	jsWait := natsconn.NewJetStreamWait(log, nm)
 	var ready atomic.Bool
 	var hs *http.Server
 	if f.httpAddr != "" {
@@ -86,7 +88,11 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 			if !ready.Load() {
-				http.Error(w, "not ready: connecting to NATS", http.StatusServiceUnavailable)
+				why := "connecting to NATS"
+				if r := jsWait.Reason(); r != "" {
+					why = "waiting for JetStream: " + r
+				}
+				http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 				return
 			}
 			fmt.Fprintln(w, "ready")
@@ -103,7 +109,6 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			_ = hs.Shutdown(sctx)
 		}()
 	}
-	nm := natsconn.NewMetrics(reg)
 	nc, err := f.conn.connect(ctx, "pisync serve "+f.host, 0, log, nm, nats.CustomInboxPrefix(store.InboxPrefix))
 	if err != nil {
 		return err
@@ -113,13 +118,22 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := mirror.Provision(ctx, js, names, mirror.Config{Mode: mirror.ProvisionMode(f.provision),
-		Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+	// Until stopped, as the connection (see pisync run).
+	var st *store.Store
+	if err := jsWait.Do(ctx, 0, "provision the mirror", func(ctx context.Context) error {
+		if err := mirror.Provision(ctx, js, names, mirror.Config{Mode: mirror.ProvisionMode(f.provision),
+			Replicas: f.replicas, DuplicateWindow: f.dupWindow}); err != nil {
+			return err
+		}
+		var err error
+		st, err = store.New(ctx, js, names, store.Options{Host: f.host, BlobThreshold: f.blobThreshold,
+			MaxEntryBytes: f.maxEntryBytes, MaxPayload: nc.MaxPayload(), Logger: log.Named("store"), Metrics: sm})
 		return err
-	}
-	st, err := store.New(ctx, js, names, store.Options{Host: f.host, BlobThreshold: f.blobThreshold,
-		MaxEntryBytes: f.maxEntryBytes, MaxPayload: nc.MaxPayload(), Logger: log.Named("store"), Metrics: sm})
-	if err != nil {
+	}); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped during start-up", zap.Error(err))
+			return nil
+		}
 		return err
 	}
 	svc, err := st.Serve(nc)

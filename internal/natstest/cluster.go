@@ -21,6 +21,19 @@ type Cluster struct {
 // elected a meta leader.
 func RunCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	c := NewCluster(t, n)
+	for _, s := range c.Nodes {
+		s.Start()
+	}
+	c.WaitMetaLeader(30 * time.Second)
+	return c
+}
+
+// NewCluster configures n JetStream servers routed to each other and starts none of
+// them: the test starts each (Server.Start) when it wants, e.g. one first, so that the
+// cluster has no meta leader until a second one joins.
+func NewCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	clusterPorts := make([]int, n)
 	for i := range clusterPorts {
@@ -49,12 +62,9 @@ func RunCluster(t testing.TB, n int) *Cluster {
 				Port: clusterPorts[i],
 			},
 		}
-		s := &Server{opts: opts, t: t}
-		s.start()
-		c.Nodes = append(c.Nodes, s)
+		c.Nodes = append(c.Nodes, &Server{opts: opts, t: t})
 	}
 	t.Cleanup(c.Stop)
-	c.WaitMetaLeader(30 * time.Second)
 	return c
 }
 

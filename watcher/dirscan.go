@@ -1,5 +1,3 @@
-//go:build !(linux && (amd64 || arm64))
-
 package watcher
 
 import (
@@ -7,8 +5,14 @@ import (
 	"path/filepath"
 )
 
-// listDir touches the session files of dir and returns its subdirectories, and how many
-// entries it has (for the watch budget).
+// listDir touches the session files of dir and returns its subdirectories, in name order
+// (new files are queued in that order), and how many entries it has (for the watch
+// budget).
+//
+// A periodic rescan meets every session file, nearly all unchanged. os.ReadDir and
+// DirEntry.Info cost about 5–10 µs and 530 bytes (6 allocations) a file
+// (BenchmarkRescanIdle): for 10,000 idle files rescanned once a minute, 0.1 % of a core
+// and 5 MB of short-lived garbage a minute, which the collector takes in its stride.
 func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) (subdirs []string, n int, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
