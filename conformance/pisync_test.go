@@ -24,6 +24,7 @@ import (
 	"github.com/pisync/pisync/internal/pitest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
+	"github.com/pisync/pisync/session"
 )
 
 // The tenant and owner every test daemon publishes under.
@@ -329,11 +330,11 @@ func (c *mirrorClient) mirrored(ctx context.Context, path string) (bool, string)
 		return false, path + ": empty, or its last line is still being written"
 	}
 	lines := bytes.Split(content[:len(content)-1], []byte("\n"))
-	id, err := conversationID(lines[0])
-	if err != nil {
-		return false, path + ": " + err.Error()
+	lead := session.Identify(filepath.Base(path), lines[:min(len(lines), session.LeadLines)], len(lines) > session.LeadLines)
+	if lead.Kind != session.LeadHeader && lead.Kind != session.LeadHeaderless {
+		return false, fmt.Sprintf("%s: not a session (%s %s)", path, lead.Kind, lead.Reason)
 	}
-	conv, err := c.r.Conv(id)
+	conv, err := c.r.Conv(lead.Header.ID)
 	if err != nil {
 		return false, err.Error()
 	}

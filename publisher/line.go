@@ -61,6 +61,9 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		return p.enqueueResolved(st, it)
 	}
 
+	if err := leadHolds(st, l); err != nil {
+		return fmt.Errorf("%s line %d: %w", f.Path, l.Ordinal+1, err)
+	}
 	data := l.Data
 	var sum [sha256.Size]byte
 	var prefix []byte // the first bytes of a line too long to hold, for its envelope
@@ -151,6 +154,26 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		return nil
 	}
 	return p.send(ctx, st, it)
+}
+
+// leadHolds checks a line among the first ones against what Open made of the file's
+// beginning (where its header is): a file rewritten between Open's look at its first
+// lines and their delivery (a fresh header over a title-first file, say) is opened
+// again, so that no line is mirrored under the kind the old content gave its ordinal.
+func leadHolds(st *fileState, l watcher.Line) error {
+	at := int64(st.headerAt)
+	if l.Ordinal > at && (at >= 0 || l.Ordinal >= session.LeadLines) || l.Data == nil {
+		return nil
+	}
+	h, err := session.ParseHeader(l.Data)
+	isHeader := err == nil
+	switch {
+	case l.Ordinal == at && (!isHeader || h.ID != st.id):
+		return fmt.Errorf("the session header is no longer where the file was opened with it: %w", watcher.ErrReopen)
+	case l.Ordinal != at && isHeader:
+		return fmt.Errorf("a session header where the file was opened without one: %w", watcher.ErrReopen)
+	}
+	return nil
 }
 
 // classify sets the item's kind and envelope. A line that is not a JSON entry is kept

@@ -89,6 +89,29 @@ func (r *run) do(k Kind, rng *rand.Rand) (string, error) {
 	case Recover:
 		r.concurrentRecover()
 		return "recover --all started", nil
+	case TitleFirst:
+		f, err := fs.createTitled(rng)
+		return fmt.Sprintf("%s title first, %d lines", f, len(f.sf.Lines)), err
+	case BackfillRewrite:
+		// A large file appears, and Pi rewrites it in place (one line changed to another
+		// of the same length, lines appended) while the daemon's first read of it is in
+		// progress: the rewrite starts after a pause of a few milliseconds.
+		f, err := fs.createLarge(rng, 1500+rng.IntN(2500))
+		if err != nil {
+			return "", err
+		}
+		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond) // the daemon's first read runs meanwhile
+		lines := append([][]byte(nil), f.sf.Lines...)
+		i := 1 + rng.IntN(len(lines)-1)
+		changed, ok := sameSize(rng, lines[i])
+		if ok {
+			lines[i] = changed
+		}
+		for range 3 {
+			lines = append(lines, f.sf.Message(200+rng.IntN(800)))
+		}
+		return fmt.Sprintf("%s %d lines, line %d changed %v, rewritten during its back-fill", f, len(lines), i+1, ok),
+			fs.rewriteInPlace(f, rng, f.sf.Format, lines)
 	case Survey:
 		r.concurrentSurvey()
 		return "status and verify started", nil
@@ -117,7 +140,7 @@ func (r *run) do(k Kind, rng *rand.Rand) (string, error) {
 	switch k {
 	case Migrate, MigrateNew:
 		keep = v1
-	case RewriteSame, RewriteSameSize, RewriteResized, Truncate, Replace, Restore:
+	case RewriteSame, RewriteSameSize, RewriteResized, Truncate, Replace, Restore, HeaderOnly:
 		keep = whole
 	}
 	f := fs.pick(rng, keep)
@@ -237,7 +260,20 @@ func (r *run) do(k Kind, rng *rand.Rand) (string, error) {
 			return "skipped: header only", nil
 		}
 		n := 1 + rng.IntN(len(sf.Lines)-1)
+		f.destroyed()
 		return fmt.Sprintf("%s to %d of %d lines", f, n, len(sf.Lines)), fs.rewriteInPlace(f, rng, sf.Format, sf.Lines[:n:n])
+	case HeaderOnly:
+		// Pi's SessionManager.open on a file it cannot parse writes a fresh header over
+		// it; the session keeps its id here, so that the file stays the run's.
+		at := 0
+		for i, l := range sf.Lines {
+			if env, err := session.ScanEntry(l); err == nil && env.Type == "session" {
+				at = i
+				break
+			}
+		}
+		f.destroyed()
+		return fmt.Sprintf("%s of %d lines", f, len(sf.Lines)), fs.rewriteInPlace(f, rng, sf.Format, [][]byte{sf.Lines[at]})
 	case Replace:
 		lines := append([][]byte(nil), sf.Lines...)
 		change := rng.IntN(2) == 0 && len(lines) > 1

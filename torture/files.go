@@ -25,6 +25,21 @@ type file struct {
 	rest    []byte // what completes it (ends with the newline)
 	moved   bool   // renamed or written under another name since created: recover may put it elsewhere
 	outside bool   // moved out of the roots
+	// checked are the lines the file held at the last quiet point, where the mirror was
+	// found to equal them: a generation of its conversation holds them for good.
+	checked [][]byte
+	// good are the lines of checked kept when the file was destroyed in place (a fresh
+	// header over it, cut back): the generation the user restores, which the mirror must
+	// keep whatever happens to the file after.
+	good [][][]byte
+}
+
+// destroyed notes that f is about to be overwritten or cut back: what the last quiet
+// point found mirrored is the generation that must stay recoverable.
+func (f *file) destroyed() {
+	if len(f.checked) > 1 {
+		f.good = append(f.good, f.checked)
+	}
 }
 
 func (f *file) String() string {
@@ -109,6 +124,52 @@ func (fs *files) create(rng *rand.Rand) (*file, error) {
 	fs.record(sf.Lines...)
 	fs.live = append(fs.live, f)
 	return f, err
+}
+
+// createTitled writes a new session as oh-my-pi does: its title record, then the header
+// and the first entries, each line one write.
+func (fs *files) createTitled(rng *rand.Rand) (*file, error) {
+	fs.serial++
+	cwd := fmt.Sprintf("/srv/omp-%d", rng.IntN(2))
+	sf := sessiontest.New(rng, fs.roots[rng.IntN(2)], cwd, sessiontest.HarnessV3)
+	f := &file{n: fs.serial, sf: sf, cwd: cwd}
+	lines := [][]byte{sf.TitleLine(fmt.Sprintf("task %d", rng.IntN(100))), sf.HeaderLine(cwd)}
+	for range rng.IntN(4) {
+		lines = append(lines, sf.Message(100+rng.IntN(1000)))
+	}
+	fs.record(lines...)
+	fs.live = append(fs.live, f)
+	if err := os.MkdirAll(filepath.Dir(sf.Path), 0o755); err != nil {
+		return f, err
+	}
+	sf.Reset(sf.Format, nil)
+	for _, l := range lines {
+		if err := sessiontest.AppendBytes(sf.Path, append(append([]byte(nil), l...), '\n')); err != nil {
+			return f, err
+		}
+		sf.Lines = append(sf.Lines, l)
+	}
+	sf.Reset(sf.Format, sf.Lines)
+	return f, nil
+}
+
+// createLarge writes a new session of n lines of about 1 KB in one write.
+func (fs *files) createLarge(rng *rand.Rand, n int) (*file, error) {
+	fs.serial++
+	cwd := "/srv/large"
+	sf := sessiontest.New(rng, fs.roots[rng.IntN(2)], cwd, sessiontest.CLIV3)
+	f := &file{n: fs.serial, sf: sf, cwd: cwd}
+	lines := [][]byte{sf.HeaderLine(cwd)}
+	for range n {
+		lines = append(lines, sf.Message(900+rng.IntN(200)))
+	}
+	fs.record(lines...)
+	fs.live = append(fs.live, f)
+	if err := os.MkdirAll(filepath.Dir(sf.Path), 0o755); err != nil {
+		return f, err
+	}
+	sf.Lines = lines
+	return f, sessiontest.AppendBytes(sf.Path, mirrortest.JoinLines(lines))
 }
 
 // finish writes the rest of a torn line, as the writer that started it would.

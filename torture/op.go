@@ -43,13 +43,16 @@ const (
 	Survey                      // `pisync status` and `pisync verify` running concurrently
 	Restore                     // a mirrored file deleted and restored by `pisync recover --root`
 	Check                       // a quiet point: wait for catch-up, check every invariant
+	HeaderOnly                  // a file overwritten in place by a fresh header only (Pi #6002, oh-my-pi #9915)
+	TitleFirst                  // a new session with oh-my-pi's title record before its header (Pi #8880)
+	BackfillRewrite             // a large new file rewritten in place (a line changed, lines added) while it is first read
 	kindCount
 )
 
 var kindNames = [...]string{"append", "burst", "torn", "complete", "create", "rewrite-same", "rewrite-same-size",
 	"rewrite-resized", "truncate", "replace", "migrate", "migrate-new", "rename", "rename-out", "rename-in", "delete",
 	"copy", "huge", "damaged", "glue", "dup-id", "kill", "term", "state-loss", "nats-restart", "recover", "survey",
-	"restore", "check"}
+	"restore", "check", "header-only", "title-first", "backfill-rewrite"}
 
 func (k Kind) String() string {
 	if k >= 0 && k < kindCount {
@@ -91,7 +94,8 @@ var weights = [kindCount]int{
 	Append: 220, Burst: 40, Torn: 60, Complete: 30, Create: 50, RewriteSame: 20, RewriteSameSize: 30,
 	RewriteResized: 25, Truncate: 15, Replace: 20, Migrate: 15, MigrateNew: 15, Rename: 20, RenameOut: 10,
 	RenameIn: 10, Delete: 12, Copy: 15, Huge: 25, Damaged: 20, Glue: 10, DupID: 8, Kill: 25, Term: 8,
-	StateLoss: 8, NatsRestart: 20, Recover: 12, Survey: 12, Restore: 8,
+	StateLoss: 8, NatsRestart: 20, Recover: 12, Survey: 12, Restore: 8, HeaderOnly: 10, TitleFirst: 12,
+	BackfillRewrite: 6,
 }
 
 // Op is one operation of a schedule. Its randomness comes from its own source, seeded

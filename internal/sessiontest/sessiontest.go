@@ -217,7 +217,7 @@ func (f *File) Reset(format Format, lines [][]byte) {
 	var leaf session.Leaf
 	for i, l := range lines {
 		env, err := session.ScanEntry(l)
-		if i == 0 || err != nil {
+		if i == 0 || err != nil || !isEntry(env) {
 			continue
 		}
 		if env.ID != "" && env.Type != "leaf" {
@@ -226,6 +226,17 @@ func (f *File) Reset(format Format, lines [][]byte) {
 		leaf.Apply(env)
 	}
 	f.leaf = leaf.ID()
+}
+
+// isEntry reports whether env is a tree entry: not the header, nor a record a fork
+// writes before it (oh-my-pi's title).
+func isEntry(env session.Envelope) bool { return env.Type != "session" && env.Type != "title" }
+
+// TitleLine is the record oh-my-pi writes before the header (Pi #8880): a fixed-width
+// title slot, without an id.
+func (f *File) TitleLine(title string) []byte {
+	return marshal(map[string]any{"type": "title", "v": 1, "title": title, "source": "auto", "updatedAt": f.stamp(), "pad": "                "},
+		"type", "v", "title", "source", "updatedAt", "pad")
 }
 
 // Clone is a copy of the session at another path, carrying the same id (a copied file),
