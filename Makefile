@@ -92,3 +92,12 @@ fleet-smoke:
 fleet:
 	PISYNC_FLEET=$(FLEET_N) PISYNC_FLEET_OUTAGE=$(FLEET_OUTAGE) PISYNC_FLEET_MAX_FILES=$(FLEET_MAX_FILES) \
 		$(GO) test ./bench/fleet -run '^TestFleet$$' -count=1 -timeout 0 -v
+
+# A rewrite in place during the back-fill, at the size where it was missed (issue 25): 6
+# files of 20,000 lines of 1,000 bytes, REWRITE_RUNS times. `make test` runs 2 files of
+# 4,000 lines once (TestRewriteDuringBackfill).
+REWRITE_RUNS ?= 4
+.PHONY: rewrite-soak
+rewrite-soak:
+	$(GO) test ./cmd/pisync -run '^TestRewriteDuringBackfill$$' -count=$(REWRITE_RUNS) -timeout 0 -v \
+		-args -backfill-rewrite.files=6 -backfill-rewrite.lines=20000

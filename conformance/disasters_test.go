@@ -34,12 +34,14 @@ func TestDisasters(t *testing.T) {
 	srv := natstest.Run(t)
 	base := t.TempDir()
 	root := filepath.Join(base, "harness")
+	cliRoot := filepath.Join(base, "cli", "sessions")
 	scenarios := pi.WriteScenarios(t, base)
 	byName := map[string]pitest.Scenario{}
 	for _, s := range scenarios {
 		byName[s.Name] = s
 	}
 	headerless, titled, overwritten := byName["harness-basic"], byName["harness-branching"], byName["harness-compaction"]
+	edited := byName["cli-basic"] // Pi 1.6 appends a context_edit entry to it: no rewrite, no shrink
 	for _, s := range []pitest.Scenario{headerless, titled, overwritten} {
 		if s.Path == "" || s.API != "harness" || !strings.HasPrefix(s.Path, root+string(filepath.Separator)) {
 			t.Fatalf("the helper's scenarios changed: %+v", s)
@@ -62,20 +64,24 @@ func TestDisasters(t *testing.T) {
 	writeFile(t, titled.Path, append([]byte(title), original[titled.Path]...))
 	titledBytes := append([]byte(title), original[titled.Path]...)
 
-	d := startDaemon(t, srv.URL(), filepath.Join(base, "state"), root)
+	if edited.SessionsRoot != cliRoot || !strings.Contains(string(mustRead(t, edited.Path)), `"type":"context_edit"`) {
+		t.Fatalf("the helper's cli-basic scenario changed: %+v", edited)
+	}
+	d := startDaemon(t, srv.URL(), filepath.Join(base, "state"), root, cliRoot)
 	mc := newMirrorClient(t, srv.URL())
-	mc.waitMirrored(t, root)
+	mc.waitMirrored(t, root, cliRoot)
 	// Overwritten in place by a fresh header, as SessionManager.open does with a file it
 	// cannot parse.
 	hdr, _, _ := bytes.Cut(original[overwritten.Path], []byte("\n"))
 	writeFile(t, overwritten.Path, append(hdr, '\n'))
-	mc.waitMirrored(t, root)
+	mc.waitMirrored(t, root, cliRoot)
 	d.stop(t)
 
 	if err := os.RemoveAll(root); err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code := pisync(t, "recover", "--nats", srv.URL(), "--tenant", tenant, "--owner", owner, "--json", "--all", "--root", root)
+	out, errOut, code := pisync(t, "recover", "--nats", srv.URL(), "--tenant", tenant, "--owner", owner, "--json", "--all",
+		"--root", root, "--root", cliRoot)
 	var doc recoverDoc
 	if err := json.Unmarshal(out, &doc); err != nil || code != 1 {
 		t.Fatalf("recover --all: exit %d (want 1: one refused), %v\n%s\n%s", code, err, out, errOut)
@@ -86,12 +92,16 @@ func TestDisasters(t *testing.T) {
 		t.Errorf("overwritten session: %s: %s (history %+v)", r.Result, r.Reason, r.History)
 	}
 	for _, s := range scenarios {
-		if s.SessionsRoot != root || s.ConversationID == overwritten.ConversationID {
+		want := map[string]recovery.Result{root: recovery.Written, cliRoot: recovery.Unchanged}[s.SessionsRoot]
+		if want == "" || s.ConversationID == overwritten.ConversationID {
 			continue
 		}
-		if r := reports[s.ConversationID]; r.Result != recovery.Written {
+		if r := reports[s.ConversationID]; r.Result != want {
 			t.Errorf("%s: %s: %s", s.Name, r.Result, r.Reason)
 		}
+	}
+	if r := reports[edited.ConversationID]; len(r.Generations) != 1 || r.History != nil {
+		t.Errorf("the session Pi edited with context_edit: generations %v, history %+v", r.Generations, r.History)
 	}
 	if got, err := os.ReadFile(titled.Path); err != nil || !bytes.Equal(got, titledBytes) {
 		t.Errorf("title-first file not rebuilt byte for byte (%v)", err)

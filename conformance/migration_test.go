@@ -151,6 +151,10 @@ func TestV1Migration(t *testing.T) {
 			if r.Generation < 2 || !slices.Contains(r.Generations, 1) {
 				t.Errorf("recovered generation %d of %v, want the newest, after generation 1", r.Generation, r.Generations)
 			}
+			// Pi's migration keeps every entry (with new ids): never a shrink.
+			if n := len(r.History); n < 2 || r.History[n-1].Shrunk != nil {
+				t.Errorf("history after Pi's migration: %+v", r.History)
+			}
 			if b := mustRead(t, f.Path); !bytes.Equal(b, f.v3) {
 				t.Errorf("recovered file is not Pi's v3 rewrite: %s", firstDifference(f.v3, b))
 			}

@@ -24,7 +24,7 @@ type GenInfo struct {
 
 // Shrink says what a shrunk generation lost.
 type Shrink struct {
-	From    int         `json:"from_generation"` // the generation it lacks entries of
+	From    int         `json:"from_generation"` // the newest generation before it that is not shrunk, whose entries it lacks
 	Missing int64       `json:"missing_entries"`
 	Reason  ShrinkCause `json:"reason"`
 }
@@ -115,8 +115,10 @@ func isDigits(s string) bool {
 	return err == nil
 }
 
-// Generations returns the generations in ascending order, each compared with the one
-// before it (Shrunk).
+// Generations returns the generations in ascending order, each compared with the
+// newest one before it that is not shrunk itself (Shrunk): a session overwritten by a
+// fresh header and then appended to, or rewritten again, still lacks what it lost,
+// while a rewrite seen half done (a shrunk generation) and then whole is not.
 func (h *History) Generations() []GenInfo {
 	nums := make([]int, 0, len(h.gens))
 	for n := range h.gens {
@@ -124,18 +126,20 @@ func (h *History) Generations() []GenInfo {
 	}
 	sort.Ints(nums)
 	out := make([]GenInfo, 0, len(nums))
-	var prev *genSets
+	var base *genSets
 	for _, n := range nums {
 		g := h.gens[n].sets()
 		if h.Skip != nil && h.Skip(n) {
 			out = append(out, g.info)
 			continue
 		}
-		if prev != nil {
-			g.info.Shrunk = shrinkOf(prev, g)
+		if base != nil {
+			g.info.Shrunk = shrinkOf(base, g)
 		}
 		out = append(out, g.info)
-		prev = g
+		if g.info.Shrunk == nil {
+			base = g
+		}
 	}
 	return out
 }

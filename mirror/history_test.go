@@ -54,6 +54,12 @@ func TestHistory(t *testing.T) {
 			[]*mirror.Shrink{nil, {From: 1, Missing: 1, Reason: mirror.ShrinkDropped}}},
 		{"compared with the generation before, not the first", []gen{{"H", "a"}, {"H", "a", "b"}, {"H", "a"}}, 0,
 			[]*mirror.Shrink{nil, nil, {From: 2, Missing: 1, Reason: mirror.ShrinkTruncated}}},
+		{"overwritten, then appended to and rewritten: still lacks what it lost", []gen{{"H", "a", "b"}, {"H"}, {"H", "c"}}, 0,
+			[]*mirror.Shrink{nil, {From: 1, Missing: 2, Reason: mirror.ShrinkHeaderOnly}, {From: 1, Missing: 2, Reason: mirror.ShrinkDropped}}},
+		{"a migration seen half done, then whole", []gen{{"H", "L", "L"}, {"H", "x1"}, {"H", "x1", "x2"}}, 0,
+			[]*mirror.Shrink{nil, {From: 1, Missing: 1, Reason: mirror.ShrinkDropped}, nil}},
+		{"restored after the damage", []gen{{"H", "a", "b"}, {"H"}, {"H", "a", "b"}}, 0,
+			[]*mirror.Shrink{nil, {From: 1, Missing: 2, Reason: mirror.ShrinkHeaderOnly}, nil}},
 		{"the store's generation is left out", []gen{{"H", "a"}, {"H", "a", "s1", "s2"}, {"H", "a", "b"}}, 2,
 			[]*mirror.Shrink{nil, nil, nil}},
 	} {
