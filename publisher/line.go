@@ -159,16 +159,18 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 // leadHolds checks a line among the first ones against what Open made of the file's
 // beginning (where its header is): a file rewritten between Open's look at its first
 // lines and their delivery (a fresh header over a title-first file, say) is opened
-// again, so that no line is mirrored under the kind the old content gave its ordinal.
+// again, so that no line is mirrored under the kind the old content gave its ordinal. A
+// header replaced by another is still a header: the next run sees the first line
+// changed and reopens the file.
 func leadHolds(st *fileState, l watcher.Line) error {
 	at := int64(st.headerAt)
 	if l.Ordinal > at && (at >= 0 || l.Ordinal >= session.LeadLines) || l.Data == nil {
 		return nil
 	}
-	h, err := session.ParseHeader(l.Data)
+	_, err := session.ParseHeader(l.Data)
 	isHeader := err == nil
 	switch {
-	case l.Ordinal == at && (!isHeader || h.ID != st.id):
+	case l.Ordinal == at && !isHeader:
 		return fmt.Errorf("the session header is no longer where the file was opened with it: %w", watcher.ErrReopen)
 	case l.Ordinal != at && isHeader:
 		return fmt.Errorf("a session header where the file was opened without one: %w", watcher.ErrReopen)

@@ -56,13 +56,18 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 
 	// Whatever the watcher saw (an atomic rename over the path can also look like a
 	// new file), a file we knew at this path under another identity is replaced.
-	replacedKey, err := p.retireReplaced(ctx, f, hdr.ID)
+	replacedKey, replacedID, err := p.retireReplaced(ctx, f, hdr.ID)
 	if err != nil {
 		return watcher.Start{}, err
 	}
 	p.mu.Lock()
 	old := p.files[f.ID]
 	p.mu.Unlock()
+	if id := overwrittenID(old, f, hdr.ID, replacedID); id != "" {
+		log.Warn("a fresh header of another session was written over this session's file; mirrored as a new generation of its conversation",
+			zap.String("conversation", id), zap.String("header_id", hdr.ID))
+		hdr.ID = id
+	}
 	if old != nil && !old.skipped {
 		// A file we already track is reopened (moved, truncated, replaced): its lines
 		// still in flight finish first, so that the frontier we resume from is final.
@@ -278,15 +283,46 @@ func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) st
 // deleted, or that another file now holds at another path (inode numbers are reused at
 // once), is not the same file.
 func reopenedKey(old *fileState, f watcher.File, why watcher.OpenReason, id string) string {
-	if old == nil || old.skipped || old.id != id {
+	if old == nil || old.skipped {
 		return ""
 	}
 	old.mu.Lock()
 	defer old.mu.Unlock()
-	if old.gone || (old.file.Path != f.Path && why != watcher.Moved) {
+	if old.id != id || old.gone || (old.file.Path != f.Path && why != watcher.Moved) {
 		return ""
 	}
 	return old.conv.Key
+}
+
+// overwrittenID is the conversation id f keeps when a header of another id was written
+// over it in place (old: its state) or by a rename (replacedID: the id of the file it
+// replaced, from retireReplaced), "" otherwise (see sameSession).
+func overwrittenID(old *fileState, f watcher.File, id, replacedID string) string {
+	if replacedID != "" && replacedID != id {
+		return replacedID
+	}
+	if old == nil || old.skipped {
+		return ""
+	}
+	old.mu.Lock()
+	defer old.mu.Unlock()
+	if old.id != id && old.file.Path == f.Path && sameSession(old, f, id) {
+		return old.id
+	}
+	return ""
+}
+
+// sameSession reports whether f, now carrying header id, is still the session old was
+// mirrored as: the same id, or a fresh header of another id written over a file whose
+// name still names old's (Pi's SessionManager.open on a file it cannot parse, oh-my-pi's
+// resume on a corrupt header): a new generation of old's conversation, which lacks its
+// entries, rather than a new conversation that hides the loss.
+func sameSession(old *fileState, f watcher.File, id string) bool {
+	if old.id == id {
+		return true
+	}
+	named, _, ok := session.ParseFileName(filepath.Base(f.Path))
+	return ok && named == old.id && filepath.Base(old.file.Path) == filepath.Base(f.Path)
 }
 
 // keptClashLocked registers st's clash key, if it has one, and returns the path of
@@ -430,20 +466,19 @@ func (p *Publisher) openingPath(id watcher.FileID) string {
 // conversation key passes to the new file instead of looking like a copy. When that file
 // carried conversation id (the replacement of a session by a rewrite of it), it returns
 // the key it mirrored under: the new file keeps it.
-func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id string) (string, error) {
+func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id string) (key, oldID string, err error) {
 	p.mu.Lock()
 	fid, known := p.byPath[f.Path]
 	old := p.files[fid]
 	p.mu.Unlock()
 	if !known || fid == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
-		return "", nil
+		return "", "", nil
 	}
 	if err := p.waitQueueEmpty(ctx, old); err != nil {
-		return "", err
+		return "", "", err
 	}
-	key := ""
-	if !old.skipped && old.id == id {
-		key = old.conv.Key
+	if !old.skipped && sameSession(old, f, id) {
+		key, oldID = old.conv.Key, old.id
 	}
 	p.mu.Lock()
 	delete(p.files, old.file.ID)
@@ -453,7 +488,7 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id strin
 	}
 	p.mu.Unlock()
 	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
-	return key, nil
+	return key, oldID, nil
 }
 
 // skip records f as a .jsonl that is no session (reason: a session.Reason*), counted

@@ -216,6 +216,11 @@ func Rebuild(in Input) (*Plan, error) {
 		}
 	}
 
+	if in.Head != nil && in.Head.Conversation != "" {
+		// The conversation the file was mirrored as: a fresh header of another id written
+		// over the session's file is a generation of it (publisher.overwrittenID).
+		rep.Conversation = in.Head.Conversation
+	}
 	b := builder{in: in, rep: &rep, plan: p, body: body, fill: !rep.Complete, head: head}
 	b.run()
 	rep.Conflicts = append(rep.Conflicts, cycles(body, rep.Placeholders)...)

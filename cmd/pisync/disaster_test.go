@@ -27,6 +27,20 @@ import (
 // `pisync history` shows it shrunk; `pisync recover --all` refuses it, lists the
 // generations and exits non-zero; `--generation 1` restores the session byte for byte.
 func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		newID  bool // Pi's fresh header carries a new session id
+		rename bool // written to a temporary file and renamed over the session (oh-my-pi)
+	}{
+		{"same id, in place", false, false},
+		{"a new id, in place (Pi #6002)", true, false},
+		{"a new id, by rename (oh-my-pi #9915)", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { headerOnlyOverwrite(t, tc.newID, tc.rename) })
+	}
+}
+
+func headerOnlyOverwrite(t *testing.T, newID, rename bool) {
 	rng := rand.New(rand.NewPCG(61, 62))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -41,7 +55,19 @@ func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
 	r := newReader(t, nc, "t1", "alice")
 	allMirrored(t, r, root, 20*time.Second)
 
-	if err := sessiontest.Rewrite(f.Path, [][]byte{f.Lines[0]}); err != nil {
+	fresh := f.Lines[0]
+	if newID {
+		fresh = bytes.Replace(fresh, []byte(f.ID), []byte("0199ffff-dead-7000-8000-000000000001"), 1)
+	}
+	if rename {
+		tmp := f.Path + ".tmp"
+		if err := os.WriteFile(tmp, append(fresh, '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, f.Path); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := sessiontest.Rewrite(f.Path, [][]byte{fresh}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "generation 2 of the overwritten session", func() (bool, string) {
@@ -53,7 +79,8 @@ func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
 	wantShrink := mirror.Shrink{From: 1, Missing: 3, Reason: mirror.ShrinkHeaderOnly}
 	waitFor(t, 20*time.Second, "the head marked shrunk", func() (bool, string) {
 		h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
-		return err == nil && h.Shrunk != nil && *h.Shrunk == wantShrink && h.Generation == 2, fmt.Sprintf("%+v %v", h.Shrunk, err)
+		return err == nil && h.Shrunk != nil && *h.Shrunk == wantShrink && h.Generation == 2 && h.Conversation == f.ID,
+			fmt.Sprintf("%+v %v", h.Shrunk, err)
 	})
 	if g, c := metricValue(t, d, "pisync_sessions_shrunk", nil), metricValue(t, d, "pisync_generations_shrunk_total", nil); g != 1 || c != 1 {
 		t.Errorf("pisync_sessions_shrunk %v, pisync_generations_shrunk_total %v; want 1, 1", g, c)
