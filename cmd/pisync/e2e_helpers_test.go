@@ -201,6 +201,15 @@ func mirrorMatches(ctx context.Context, r *mirror.Reader, path string) (bool, st
 	if err != nil {
 		return false, err.Error()
 	}
+	if named, _, ok := session.ParseFileName(filepath.Base(path)); ok && named != lead.Header.ID {
+		// A fresh header of another id over a session's file: mirrored as a generation
+		// of the session its name bears.
+		if n, err := r.Count(ctx, c); err == nil && n == 0 {
+			if c, err = r.Conv(named); err != nil {
+				return false, err.Error()
+			}
+		}
+	}
 	g, err := r.ReadGeneration(ctx, c, 0)
 	if err != nil {
 		return false, fmt.Sprintf("%s: %v", path, err)

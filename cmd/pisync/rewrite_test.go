@@ -108,7 +108,9 @@ func joinLines(msgs []mirror.Msg) []byte {
 
 // TestRewrites covers files rewritten under the daemon: Pi's v1 → v3 migration starts a
 // new generation, an atomic rename that keeps every mirrored line carries on, a file
-// truncated and restarted with a new header is a new conversation.
+// truncated and restarted with a header of a new id (what Pi's SessionManager.open does
+// to a file it cannot parse, Pi #6002) is a new generation of the session whose name it
+// still bears, which lacks that session's entries: shrunk, not a new conversation.
 func TestRewrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(51, 52))
 	srv := natstest.Run(t)
@@ -167,11 +169,14 @@ func TestRewrites(t *testing.T) {
 	if g := readGen(t, r, kept.ID, 0); g.Number != 1 || len(g.Msgs) != 4 {
 		t.Fatalf("rename keeping every line: generation %d with %d lines, want 1 with 4", g.Number, len(g.Msgs))
 	}
-	if g := readGen(t, r, restarted.ID, 0); len(g.Msgs) != 2 {
+	if g := readGen(t, r, restarted.ID, 1); len(g.Msgs) != 2 {
 		t.Fatalf("the truncated conversation lost its mirror copy: %d lines", len(g.Msgs))
 	}
-	if metricValue(t, d, "pisync_generation_bumps_total", nil) != 1 {
-		t.Errorf("generation bumps = %v, want 1", metricValue(t, d, "pisync_generation_bumps_total", nil))
+	if g := readGen(t, r, restarted.ID, 0); g.Number != 2 || !bytes.Equal(joinLines(g.Msgs), freshContent) {
+		t.Fatalf("restarted with a new header: newest generation %d of %s, want 2 holding the new file", g.Number, restarted.ID)
+	}
+	if metricValue(t, d, "pisync_generation_bumps_total", nil) != 2 {
+		t.Errorf("generation bumps = %v, want 2", metricValue(t, d, "pisync_generation_bumps_total", nil))
 	}
 	msgs := readStream(t, nc)
 	if dups := duplicates(msgs); len(dups) > 0 {
