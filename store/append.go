@@ -155,6 +155,9 @@ func (s *Store) refreshRead(ctx context.Context, st *conv, id string, out *loadO
 // check decides an append on st without writing: a reply (the entry is there already),
 // an error, or neither (go ahead).
 func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply, *Error) {
+	if st.incomplete() {
+		return nil, errorf(CodeNotFound, "conversation %q not found", st.c.Key)
+	}
 	if ref, ok := st.ids[env.ID]; ok {
 		if ref.sha == sum {
 			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(st.head), Duplicate: true}, nil
@@ -325,7 +328,7 @@ func (s *Store) exists(ctx context.Context, o mirror.Owner, id string) *Error {
 	}
 	st := s.conv(c)
 	defer st.mu.Unlock()
-	if err := s.load(ctx, st, nil); errors.Is(err, errNoConv) {
+	if err := s.load(ctx, st, nil); errors.Is(err, errNoConv) || err == nil && st.incomplete() {
 		return errorf(CodeNotFound, "conversation %q not found", id)
 	} else if err != nil {
 		return errorf(CodeUnavailable, "%v", err)

@@ -66,12 +66,11 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	st := s.conv(c)
 	defer st.mu.Unlock()
 	sum := digest(line)
-	dupSeen := false
 	for attempt := 0; attempt < attempts; attempt++ {
 		err := s.load(ctx, st, nil)
 		switch {
 		case err == nil:
-			if st.headerSHA == sum && st.gen == 1 {
+			if st.headerSHA == sum && st.gen == 1 && st.fork == nil {
 				return st.headerSeq, s.meta(st), nil
 			}
 			s.m.conflicts.WithLabelValues(ReasonExists).Inc()
@@ -79,28 +78,46 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 		case !errors.Is(err, errNoConv):
 			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
 		}
-		l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
-			Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
-		m := s.names.NewMsg(c, l, line)
-		if dupSeen { // a header of a deleted conversation still in the duplicate window
-			m.Header.Del(mirror.HdrMsgID)
+		ok, e := s.publishHeader(ctx, st, hm, line, sum, "")
+		if e != nil {
+			return 0, Meta{}, e
 		}
-		ack, err := s.js.PublishMsg(ctx, m, expectSubjectSeq(0))
-		if err != nil || ack.Duplicate {
-			dupSeen = dupSeen || err == nil
-			continue // created meanwhile, or possibly stored: the stream says which
-		}
-		st.loaded = false
-		if err := s.load(ctx, st, nil); err != nil {
-			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
+		if !ok {
+			continue
 		}
 		st.writer = mirror.WriterStore
 		if err := s.saveHead(ctx, st); err != nil {
 			s.log.Warn("create: head not written", zapConv(st), zapErr(err))
 		}
-		return ack.Sequence, s.meta(st), nil
+		return st.headerSeq, s.meta(st), nil
 	}
 	return 0, Meta{}, errorf(CodeUnavailable, "conversation %s: JetStream did not answer; retry", hm.id)
+}
+
+// publishHeader publishes the header line of a conversation the stream does not hold
+// (fork: the Pisync-Fork mark, "" for none) and reads the conversation back into st.
+// ok is false when the publish may not have been stored, or lost to another one: the
+// caller reads the stream again to know which.
+func (s *Store) publishHeader(ctx context.Context, st *conv, hm headerMeta, line []byte, sum, fork string) (bool, *Error) {
+	l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
+		Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
+	m := s.names.NewMsg(st.c, l, line)
+	if fork != "" {
+		m.Header.Set(mirror.HdrFork, fork)
+	}
+	if st.headerDup { // a header of a deleted conversation still in the duplicate window
+		m.Header.Del(mirror.HdrMsgID)
+	}
+	ack, err := s.js.PublishMsg(ctx, m, expectSubjectSeq(0))
+	if err != nil || ack.Duplicate {
+		st.headerDup = st.headerDup || err == nil
+		return false, nil // created meanwhile, or possibly stored: the stream says which
+	}
+	st.headerDup, st.loaded = false, false
+	if err := s.load(ctx, st, nil); err != nil {
+		return false, errorf(CodeUnavailable, "%v", err)
+	}
+	return true, nil
 }
 
 // meta is the wire metadata of st.

@@ -66,6 +66,10 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 		st.mu.Unlock()
 		return OpenReply{}, e
 	}
+	if st.incomplete() {
+		st.mu.Unlock()
+		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
+	}
 	s.repairHead(ctx, st)
 	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.head), Generation: st.gen, LastSeq: st.genSeq}
 	of := snapshotOrigin{conv: c.HeadKey(), gen: st.gen, headerSeq: st.headerSeq, last: st.genSeq}
@@ -85,6 +89,9 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	msgs, e := s.readGen(ctx, c, rep.Generation, rep.LastSeq, of)
 	if e != nil {
 		return OpenReply{}, e
+	}
+	if incompleteIn(msgs) { // a continuation that names an incomplete fork's snapshot
+		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	after := int64(0)
 	if req.After != nil {
@@ -180,6 +187,9 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 	msgs, e := s.readGen(ctx, c, req.Generation, req.LastSeq, snapshotOrigin{})
 	if e != nil {
 		return PartReply{}, e
+	}
+	if incompleteIn(msgs) {
+		return PartReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	i := sort.Search(len(msgs), func(i int) bool { return msgs[i].Ordinal >= *req.Ordinal })
 	if i == len(msgs) || msgs[i].Ordinal != *req.Ordinal {
@@ -314,7 +324,7 @@ func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, 
 			continue
 		}
 		st := s.conv(c)
-		if err := s.load(ctx, st, nil); err == nil && st.meta.createdAt != "" {
+		if err := s.load(ctx, st, nil); err == nil && st.meta.createdAt != "" && !st.incomplete() {
 			out = append(out, s.meta(st))
 		} else if err != nil && !errors.Is(err, errNoConv) {
 			s.log.Warn("list: conversation skipped", zapConv(st), zapErr(err))

@@ -51,6 +51,8 @@ type conv struct {
 	source      string // Pisync-Source of the header
 	headerSHA   string
 	headerSeq   uint64
+	fork        *forkMark // the header's mark when the conversation is a fork
+	headerDup   bool      // a header publish was a duplicate of a message the stream lacks
 
 	kvRev     uint64      // revision of the head we last read or wrote (0: none)
 	kvHead    mirror.Head // that head
@@ -234,6 +236,7 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 	}
 	c.gen, c.subjSeq, c.count, c.genSeq, c.lastOrdinal, c.head = gen, 0, uint64(len(msgs)), 0, -1, ""
 	c.ids, c.entries, c.meta, c.source, c.headerSHA, c.headerSeq = map[string]entryRef{}, 0, headerMeta{}, "", "", 0
+	c.fork = nil
 	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
 	for _, m := range msgs {
 		c.subjSeq = max(c.subjSeq, m.seq)
@@ -250,6 +253,7 @@ func (c *conv) apply(m scanned) {
 	c.genSeq = max(c.genSeq, m.seq)
 	if m.Kind == mirror.KindHeader {
 		c.headerSHA, c.headerSeq, c.source = m.SHA256, m.seq, m.Source
+		c.fork = parseForkMark(m.Fork)
 		if hm, err := parseHeaderMeta(m.data); err == nil {
 			c.meta = hm
 		}
@@ -276,6 +280,10 @@ func (c *conv) apply(m scanned) {
 		c.head = m.EntryID
 	}
 }
+
+// incomplete reports whether c is a fork whose copy has not completed: no reader may see
+// it, and only the fork request that made it continues it.
+func (c *conv) incomplete() bool { return c.fork != nil && c.entries < c.fork.Entries }
 
 // parseHeaderMeta reads the metadata of a header line.
 func parseHeaderMeta(line []byte) (headerMeta, error) {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -34,10 +35,20 @@ type Store struct {
 	log   *zap.Logger
 	m     *Metrics
 
+	// faults, set by tests only (export_test.go), stand for a replica dying or JetStream
+	// failing at a chosen step.
+	faults faults
+
 	mu     sync.Mutex
 	owners map[string]*ownerHandles // tenant.owner tokens → reader and writer
 	convs  map[string]*conv         // head key → state
 	opened *openCache
+}
+
+// faults are the steps a test can make fail. A nil func never fails.
+type faults struct {
+	// forkCopy is called before the copy of the n-th entry (0-based) of a fork.
+	forkCopy atomic.Pointer[func(n int) error]
 }
 
 type ownerHandles struct {

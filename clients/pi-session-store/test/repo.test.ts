@@ -7,6 +7,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, test } from "node:test";
 import { JsonlSessionRepo, type Session } from "@earendil-works/pi-agent-core";
 import { NodeExecutionEnv } from "@earendil-works/pi-agent-core/node";
@@ -303,5 +304,28 @@ describe("NatsSessionStorage", () => {
     } finally {
       await nc.close();
     }
+  });
+});
+
+describe("fork across a replica killed mid-copy", () => {
+  test("the fork the client returns is complete: the retry resumes the copy the killed replica left", async () => {
+    const r = repo();
+    const s = await r.create({ cwd: "/home/dev/kill-fork" });
+    const ids: string[] = [];
+    for (let i = 0; i < 2500; i++) ids.push(await s.appendMessage(user(`entry ${i}`)));
+    const meta = await s.getMetadata();
+    // How long a whole fork takes here: the replicas are killed halfway through the next.
+    const t0 = Date.now();
+    await r.fork(meta, { cwd: "/home/dev/kill-fork" });
+    const half = Math.max(1, (Date.now() - t0) / 2);
+    const forking = r.fork(meta, { cwd: "/home/dev/kill-fork" });
+    await sleep(half);
+    for (const p of store.serveProcesses) await p.kill("SIGKILL");
+    await store.startServe();
+    const fork = await forking;
+    assert.deepEqual((await fork.getEntries()).map((e) => e.id), ids);
+    const forkId = (await fork.getMetadata()).id;
+    const listed = (await r.list()).find((m) => m.id === forkId);
+    assert.ok(listed, "the completed fork is listed");
   });
 });
