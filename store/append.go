@@ -54,9 +54,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		return AppendReply{}, errorf(CodeNotFound, "conversation %q not found", id)
 	}
 	if int64(len(line)) > s.opts.MaxEntryBytes {
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", len(line), s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return AppendReply{}, e
+		return AppendReply{}, tooLarge(ReasonEntry, "entry bytes", int64(len(line)), s.opts.MaxEntryBytes)
 	}
 	env, err := session.ScanEntry(line)
 	if err != nil {
@@ -242,9 +240,7 @@ func (s *Store) Part(ctx context.Context, o mirror.Owner, id string, p partReq) 
 	case !shaPattern.MatchString(p.SHA256):
 		return 0, errorf(CodeInvalid, "part: sha256 %q is not 64 lower-case hex digits", p.SHA256)
 	case p.Size > s.opts.MaxEntryBytes:
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", p.Size, s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return 0, e
+		return 0, tooLarge(ReasonEntry, "entry bytes", int64(p.Size), s.opts.MaxEntryBytes)
 	case p.Offset < 0 || len(p.Data) == 0 || len(p.Data) > PartSize || p.Offset+int64(len(p.Data)) > p.Size:
 		return 0, errorf(CodeInvalid, "part at %d of %d bytes does not fit an entry of %d bytes (parts hold 1 to %d bytes)", p.Offset, len(p.Data), p.Size, PartSize)
 	}
@@ -264,9 +260,7 @@ func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]by
 		return nil, nil, errorf(CodeInvalid, "blob: sha256 %q, size %d", ref.SHA256, ref.Size)
 	}
 	if ref.Size > s.opts.MaxEntryBytes {
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", ref.Size, s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return nil, nil, e
+		return nil, nil, tooLarge(ReasonEntry, "entry bytes", int64(ref.Size), s.opts.MaxEntryBytes)
 	}
 	buf := make([]byte, 0, ref.Size)
 	var names []string

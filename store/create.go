@@ -47,6 +47,14 @@ func checkHeader(line []byte) (headerMeta, *Error) {
 	return hm, nil
 }
 
+// headerLine checks the header line of a new conversation (create, fork).
+func (s *Store) headerLine(line []byte) (headerMeta, *Error) {
+	if n := int64(len(line)); n > s.opts.MaxHeaderBytes {
+		return headerMeta{}, tooLarge(ReasonHeader, "header line bytes (metadata, cwd, parentSession)", n, s.opts.MaxHeaderBytes)
+	}
+	return checkHeader(line)
+}
+
 // sourcePath is where Pi's JSONL backend would put the file, relative to its root.
 func sourcePath(hm headerMeta) string {
 	return path.Join(session.DirName(hm.cwd), session.FileName(hm.createdAt, hm.id))
@@ -55,7 +63,7 @@ func sourcePath(hm headerMeta) string {
 // Create starts a conversation with its header line. The same line again answers with
 // the original sequence; another line for an existing id is a conflict.
 func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64, Meta, *Error) {
-	hm, e := checkHeader(line)
+	hm, e := s.headerLine(line)
 	if e != nil {
 		return 0, Meta{}, e
 	}

@@ -1,5 +1,7 @@
 package store
 
+import "github.com/prometheus/client_golang/prometheus"
+
 // SetForkCopyFault makes the copy of a fork's n-th entry fail with what f returns, as a
 // replica dying mid-copy or JetStream refusing the publish would (nil: never fails).
 func SetForkCopyFault(s *Store, f func(n int) error) {
@@ -8,4 +10,9 @@ func SetForkCopyFault(s *Store, f func(n int) error) {
 		return
 	}
 	s.faults.forkCopy.Store(&f)
+}
+
+// Requests is the counter of requests of op answered with code.
+func (m *Metrics) Requests(op, code string) prometheus.Counter {
+	return m.requests.WithLabelValues(op, code)
 }

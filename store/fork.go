@@ -87,7 +87,7 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 		return Meta{}, errorf(CodeInvalid, "position %q: want before or at", req.Position)
 	}
 	line := []byte(req.Line)
-	hm, e := checkHeader(line)
+	hm, e := s.headerLine(line)
 	if e != nil {
 		return Meta{}, e
 	}

@@ -121,8 +121,8 @@ func (r reply) errHead() string {
 	return *h
 }
 
-// req sends one request as owner and decodes the reply.
-func (e *env) req(owner, op string, body any) reply {
+// request sends one request as owner and returns the reply message.
+func (e *env) request(owner, op string, body any) *nats.Msg {
 	e.t.Helper()
 	o, err := mirror.NewOwner("t1", owner)
 	if err != nil {
@@ -136,6 +136,19 @@ func (e *env) req(owner, op string, body any) reply {
 	if err != nil {
 		e.t.Fatalf("%s: %v", op, err)
 	}
+	return m
+}
+
+// reqRaw sends one request as owner and returns the reply's body.
+func (e *env) reqRaw(owner, op string, body any) []byte {
+	e.t.Helper()
+	return e.request(owner, op, body).Data
+}
+
+// req sends one request as owner and decodes the reply.
+func (e *env) req(owner, op string, body any) reply {
+	e.t.Helper()
+	m := e.request(owner, op, body)
 	var r reply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		e.t.Fatalf("%s reply %q: %v", op, m.Data, err)

@@ -13,11 +13,12 @@ type Metrics struct {
 	repairs   prometheus.Counter
 	blobs     prometheus.Counter
 	inflight  prometheus.Gauge
+	unsent    *prometheus.CounterVec
 }
 
 // NewMetrics declares the store's metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{
+	return (&Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_requests_total",
 			Help: "Requests answered by the session store, by operation and reply code (ok, not_found, conflict, invalid, too_large, unavailable).",
@@ -39,16 +40,29 @@ func NewMetrics() *Metrics {
 			Name: "pisync_store_blobs_total",
 			Help: "Entries above the blob threshold stored in the object store by the session store.",
 		}),
+		unsent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_replies_unsent_total",
+			Help: "Replies the connection refused to send (closed, or another failure), by operation: the client got no answer.",
+		}, []string{"op"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_store_requests_in_flight",
 			Help: "Requests the session store is working on.",
 		}),
+	}).init()
+}
+
+// init creates the series of every label value, so that a rate over them exists from the
+// start (and the exported-metrics check sees them).
+func (m *Metrics) init() *Metrics {
+	for _, op := range Ops {
+		m.unsent.WithLabelValues(op)
 	}
+	return m
 }
 
 // Register adds the metrics to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight} {
+	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight, m.unsent} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -118,6 +118,24 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 	defer func() { later() }() // once the reply is sent: the head an append left to write
 	reply, e := s.dispatch(ctx, op, r, &later)
 	msg := &nats.Msg{Subject: r.Reply()}
+	if e == nil {
+		var err error
+		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
+			msg.Data, err = r.replyJSON() // encoded as it was built (open's entries)
+		} else {
+			msg.Data, err = json.Marshal(reply)
+		}
+		if err != nil {
+			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
+			e = errorf(CodeUnavailable, "%s: the reply could not be encoded", op)
+		} else if limit := nc.MaxPayload(); int64(len(msg.Data)) > limit {
+			// Sent, it would be refused by the connection and the client would wait for
+			// nothing: it is told instead, and it counts as the error it is.
+			s.log.Warn("reply above max_payload", zap.String("op", op), zap.String("subject", r.Subject()),
+				zap.Int("bytes", len(msg.Data)), zap.Int64("max_payload", limit))
+			e = errorf(CodeUnavailable, "%s: a reply of %d bytes, above max_payload (%d)", op, len(msg.Data), limit)
+		}
+	}
 	code := CodeOK
 	if e != nil {
 		code = e.Code
@@ -129,25 +147,14 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 		if e.Code == CodeUnavailable {
 			s.log.Warn("request failed", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("error", e.Message))
 		}
-	} else {
-		var err error
-		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
-			msg.Data, err = r.replyJSON() // encoded as it was built (open's entries)
-		} else {
-			msg.Data, err = json.Marshal(reply)
-		}
-		if err != nil {
-			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
-			return
-		}
-		if op == "append" {
-			s.m.appendLat.Observe(time.Since(start).Seconds())
-		}
+	} else if op == "append" {
+		s.m.appendLat.Observe(time.Since(start).Seconds())
 	}
 	// Counted before the reply leaves: a client that has its answer finds it in /metrics.
 	s.m.requests.WithLabelValues(op, code).Inc()
 	if err := nc.PublishMsg(msg); err != nil {
-		s.log.Debug("reply", zap.String("op", op), zap.Error(err))
+		s.m.unsent.WithLabelValues(op).Inc()
+		s.log.Warn("reply not sent", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("code", code), zap.Error(err))
 	}
 }
 

@@ -17,9 +17,12 @@ type Options struct {
 	BlobThreshold int64  // lines above go to the object store (default 512 KiB, §2)
 	MaxEntryBytes int64  // largest entry accepted (default 64 MiB)
 	MaxPayload    int64  // the server's max_payload (default 1 MiB)
-	MaxConvs      int    // conversations whose state a replica caches (default 10,000)
-	Logger        *zap.Logger
-	Metrics       *Metrics // nil: counted on metrics registered nowhere
+	// MaxHeaderBytes bounds a header line (metadata, cwd, parentSession): every reply
+	// that carries a conversation's metadata must fit max_payload (default 64 KiB).
+	MaxHeaderBytes int64
+	MaxConvs       int // conversations whose state a replica caches (default 10,000)
+	Logger         *zap.Logger
+	Metrics        *Metrics // nil: counted on metrics registered nowhere
 }
 
 // Store is the session store of DESIGN §8 over the mirror. It holds no state of its own
@@ -69,6 +72,9 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	}
 	if opts.MaxPayload <= 0 {
 		opts.MaxPayload = 1 << 20
+	}
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = 64 << 10
 	}
 	if opts.MaxConvs <= 0 {
 		opts.MaxConvs = 10000

@@ -34,6 +34,7 @@ type serveFlags struct {
 	dupWindow     time.Duration
 	blobThreshold int64
 	maxEntryBytes int64
+	maxHeader     int64
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -47,6 +48,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.dupWindow, "duplicate-window", mirror.DefaultDuplicateWindow, "JetStream duplicate window when provisioning")
 	fs.Int64Var(&f.blobThreshold, "blob-threshold", 512<<10, "entries above this many bytes go to the object store")
 	fs.Int64Var(&f.maxEntryBytes, "max-entry-bytes", 64<<20, "entries above this many bytes are refused (too_large)")
+	fs.Int64Var(&f.maxHeader, "max-header-bytes", 64<<10, "header lines (metadata, cwd, parentSession) above this many bytes are refused (too_large)")
 }
 
 // ServeCommand runs the session store (DESIGN §8, docs/store-protocol.md) until ctx ends.
@@ -118,7 +120,7 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	st, err := store.New(ctx, js, names, store.Options{Host: f.host, BlobThreshold: f.blobThreshold,
-		MaxEntryBytes: f.maxEntryBytes, MaxPayload: nc.MaxPayload(), Logger: log.Named("store"), Metrics: sm})
+		MaxEntryBytes: f.maxEntryBytes, MaxHeaderBytes: f.maxHeader, MaxPayload: nc.MaxPayload(), Logger: log.Named("store"), Metrics: sm})
 	if err != nil {
 		return err
 	}

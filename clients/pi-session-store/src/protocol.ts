@@ -19,6 +19,8 @@ export interface WireMeta {
   entries?: number;
   head?: string | null;
   lastSeq?: number;
+  /** metadata was left out: the reply could not carry it (a huge daemon-mirrored header). */
+  metadataOmitted?: boolean;
 }
 
 /** WireError is `error` of a failed reply. */
