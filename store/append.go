@@ -57,6 +57,9 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		return AppendReply{}, tooLarge(ReasonEntry, "entry bytes", int64(len(line)), s.opts.MaxEntryBytes)
 	}
 	env, err := session.ScanEntry(line)
+	if err == nil {
+		err = stringified(line)
+	}
 	if err != nil {
 		return AppendReply{}, errorf(CodeInvalid, "line is not one JSON entry: %v", err)
 	}

@@ -12,6 +12,9 @@ import (
 
 // checkHeader applies the checks of Pi's parseHeaderLine to a v3 header line.
 func checkHeader(line []byte) (headerMeta, *Error) {
+	if err := stringified(line); err != nil {
+		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
 	h, err := session.ParseHeader(line)
 	if err != nil {
 		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
@@ -43,6 +46,11 @@ func checkHeader(line []byte) (headerMeta, *Error) {
 	hm, err := parseHeaderMeta(line)
 	if err != nil {
 		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
+	for _, f := range [][2]string{{"id", hm.id}, {"timestamp", hm.createdAt}} {
+		if err := pathSafe(f[0], f[1]); err != nil {
+			return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+		}
 	}
 	return hm, nil
 }
