@@ -10,6 +10,7 @@ import (
 	"io"
 	"regexp"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -118,7 +119,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		storeHead := st.kvHasHead && st.kvRev != 0 && st.kvHead.Writer == mirror.WriterStore && st.kvHead.Generation == st.gen
 		st.subjSeq = ack.Sequence
 		st.count++
-		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
+		st.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: env.TargetID})
 		st.writer = mirror.WriterStore
 		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
 		if later != nil && storeHead {

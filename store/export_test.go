@@ -16,3 +16,6 @@ func SetForkCopyFault(s *Store, f func(n int) error) {
 func (m *Metrics) Requests(op, code string) prometheus.Counter {
 	return m.requests.WithLabelValues(op, code)
 }
+
+// Repairs is pisync_store_head_repairs_total.
+func (m *Metrics) Repairs() prometheus.Counter { return m.repairs }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"time"
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
@@ -289,7 +290,7 @@ func (s *Store) forkCopyFrom(ctx context.Context, dst mirror.Conv, nst *conv, pi
 		}
 		nst.subjSeq = ack.Sequence
 		nst.count++
-		nst.apply(scanned{Line: l, seq: ack.Sequence, targetID: target})
+		nst.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: target})
 	}
 	return true, nil
 }

@@ -32,7 +32,11 @@ func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, 
 	}
 	var out []Meta
 	for key := range counts {
-		if h, ok := heads[key]; ok && h.Writer == mirror.WriterStore && h.CreatedAt != "" {
+		// A head the store wrote stands for the conversation only if it accounts for every
+		// message the stream holds for it: a replica stopped between its acknowledgement
+		// and its head update leaves it behind (and a generation of a local file beside
+		// the store's adds messages it does not count). Else the stream is read.
+		if h, ok := heads[key]; ok && h.Writer == mirror.WriterStore && h.CreatedAt != "" && uint64(h.Entries) == counts[key] {
 			out = append(out, Meta{ID: h.Conversation, CreatedAt: h.CreatedAt, Cwd: h.Cwd, ParentSessionPath: h.ParentSession,
 				Metadata: h.Metadata, Path: h.Source, Writer: mirror.WriterStore, Generation: h.Generation,
 				Entries: h.Entries - 1, Head: headPtr(h.Head), LastSeq: h.LastSeq})
@@ -44,6 +48,7 @@ func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, 
 		}
 		st := s.conv(c)
 		if err := s.load(ctx, st, nil); err == nil && st.meta.createdAt != "" && !st.incomplete() {
+			s.repairHead(ctx, st)
 			out = append(out, s.meta(st))
 		} else if err != nil && !errors.Is(err, errNoConv) {
 			s.log.Warn("list: conversation skipped", zapConv(st), zapErr(err))

@@ -34,7 +34,7 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		repairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_head_repairs_total",
-			Help: "Heads rewritten from the stream because they were behind it (a replica stopped between publish and head update).",
+			Help: "Heads rewritten from the stream because they were behind it for longer than a head write takes (a replica stopped between its acknowledgement and its head update).",
 		}),
 		blobs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_blobs_total",

@@ -37,14 +37,15 @@ type conv struct {
 	c  mirror.Conv
 
 	loaded      bool
-	gen         int    // the generation served and extended
-	writer      string // mirror.WriterStore or "" (daemon)
-	subjSeq     uint64 // newest stream sequence on the subject, any generation
-	count       uint64 // messages of the subject read or published, any generation (load)
-	refused     bool   // a publish found the subject's last sequence past subjSeq (load)
-	genSeq      uint64 // newest stream sequence of gen
-	lastOrdinal int64  // highest ordinal of gen (-1: none)
-	head        string // Pi's leaf after the last line ("" = null)
+	gen         int       // the generation served and extended
+	writer      string    // mirror.WriterStore or "" (daemon)
+	subjSeq     uint64    // newest stream sequence on the subject, any generation
+	count       uint64    // messages of the subject read or published, any generation (load)
+	refused     bool      // a publish found the subject's last sequence past subjSeq (load)
+	genSeq      uint64    // newest stream sequence of gen
+	genTime     time.Time // when the message at genSeq was stored (about)
+	lastOrdinal int64     // highest ordinal of gen (-1: none)
+	head        string    // Pi's leaf after the last line ("" = null)
 	ids         map[string]entryRef
 	entries     int64 // entry lines of gen, header excluded
 	meta        headerMeta
@@ -68,8 +69,9 @@ type conv struct {
 type scanned struct {
 	mirror.Line
 	seq      uint64
-	targetID string // leaf entries
-	data     []byte // header lines only
+	at       time.Time // stored at
+	targetID string    // leaf entries
+	data     []byte    // header lines only
 }
 
 // errNoConv is returned by load for a conversation with no message in the stream.
@@ -134,7 +136,7 @@ func (s *Store) load(ctx context.Context, c *conv, out *loadOut) error {
 
 // scanOne is what load keeps of one message it read.
 func scanOne(m mirror.Msg) scanned {
-	sc := scanned{Line: m.Line, seq: m.Seq}
+	sc := scanned{Line: m.Line, seq: m.Seq, at: m.Time}
 	switch {
 	case m.Kind == mirror.KindHeader:
 		sc.data = m.Data
@@ -250,6 +252,9 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 
 // apply advances c past one message of its generation.
 func (c *conv) apply(m scanned) {
+	if m.seq >= c.genSeq {
+		c.genTime = m.at
+	}
 	c.genSeq = max(c.genSeq, m.seq)
 	if m.Kind == mirror.KindHeader {
 		c.headerSHA, c.headerSeq, c.source = m.SHA256, m.seq, m.Source
@@ -423,6 +428,11 @@ func (s *Store) repairHead(ctx context.Context, c *conv) {
 		return // not the store's, or being written by the request of an append
 	}
 	if c.kvHasHead && c.kvHead.Generation == c.gen && c.kvHead.LastSeq >= c.genSeq && c.kvHead.Head == c.head {
+		return
+	}
+	if time.Since(c.genTime) < s.opts.HeadRepairGrace {
+		// Most likely the replica that stored it writes the head after its reply: left to
+		// it, so that a repair means what it says (a replica stopped before its head).
 		return
 	}
 	if err := s.saveHead(ctx, c); err != nil {

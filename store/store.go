@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -21,8 +22,12 @@ type Options struct {
 	// that carries a conversation's metadata must fit max_payload (default 64 KiB).
 	MaxHeaderBytes int64
 	MaxConvs       int // conversations whose state a replica caches (default 10,000)
-	Logger         *zap.Logger
-	Metrics        *Metrics // nil: counted on metrics registered nowhere
+	// HeadRepairGrace is how old the newest entry of a conversation whose head is behind
+	// must be before a replica repairs the head: younger, the replica that stored it is
+	// most likely writing it after its reply (default 5 s).
+	HeadRepairGrace time.Duration
+	Logger          *zap.Logger
+	Metrics         *Metrics // nil: counted on metrics registered nowhere
 }
 
 // Store is the session store of DESIGN §8 over the mirror. It holds no state of its own
@@ -75,6 +80,9 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	}
 	if opts.MaxHeaderBytes <= 0 {
 		opts.MaxHeaderBytes = 64 << 10
+	}
+	if opts.HeadRepairGrace <= 0 {
+		opts.HeadRepairGrace = 5 * time.Second
 	}
 	if opts.MaxConvs <= 0 {
 		opts.MaxConvs = 10000
