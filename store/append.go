@@ -162,7 +162,7 @@ func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply,
 	}
 	if ref, ok := st.ids[env.ID]; ok {
 		if ref.sha == sum {
-			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(st.head), Duplicate: true}, nil
+			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(ref.head), Duplicate: true}, nil
 		}
 		return nil, conflict(ReasonEntryExists, st.head, "entry %s is already in the conversation with other bytes", env.ID)
 	}

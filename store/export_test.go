@@ -19,3 +19,6 @@ func (m *Metrics) Requests(op, code string) prometheus.Counter {
 
 // Repairs is pisync_store_head_repairs_total.
 func (m *Metrics) Repairs() prometheus.Counter { return m.repairs }
+
+// Truthy is JavaScript's truthiness of a JSON value, as the fork rules read it.
+var Truthy = truthy

@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/pisync/pisync/mirror"
@@ -23,9 +25,15 @@ type forkFields struct {
 
 // truthy is JavaScript's truthiness of a JSON value.
 func truthy(raw json.RawMessage) bool {
-	switch string(raw) {
-	case "", "null", "false", "0", `""`, "-0":
+	v := string(bytes.TrimSpace(raw))
+	switch v {
+	case "", "null", "false", `""`:
 		return false
+	}
+	if v[0] == '-' || v[0] >= '0' && v[0] <= '9' {
+		// Every spelling of zero (0.0, -0, 0e5, 1e-400) is the number 0, which is false.
+		f, err := strconv.ParseFloat(v, 64)
+		return err != nil || f != 0 // out of range: ±Infinity, true
 	}
 	return true
 }

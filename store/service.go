@@ -209,6 +209,9 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 		if e := decode(&req); e != nil {
 			return nil, e
 		}
+		if e := needID(op, "id", req.ID); e != nil {
+			return nil, e
+		}
 		if req.Ordinal != nil {
 			return s.OpenPart(ctx, o, req)
 		}
@@ -216,6 +219,9 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 	case "append":
 		var req appendReq
 		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		if e := needID(op, "id", req.ID); e != nil {
 			return nil, e
 		}
 		if req.Part != nil {
@@ -251,12 +257,23 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 		if e := decode(&req); e != nil {
 			return nil, e
 		}
+		if e := needID(op, "id", req.ID); e != nil {
+			return nil, e
+		}
 		if e := s.Delete(ctx, o, req.ID); e != nil {
 			return nil, e
 		}
 		return okReply{"ok": true}, nil
 	}
 	return nil, errorf(CodeInvalid, "unknown operation %q", op)
+}
+
+// needID refuses a request that does not name its conversation.
+func needID(op, field, id string) *Error {
+	if id == "" {
+		return errorf(CodeInvalid, "%s: %s is required", op, field)
+	}
+	return nil
 }
 
 // parseExpected reads expectedHead: a string, or null for no head. It is required, so

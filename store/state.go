@@ -21,6 +21,7 @@ type entryRef struct {
 	seq     uint64
 	ordinal int64
 	sha     string
+	head    string // the head right after the entry, for a retried append's reply
 }
 
 // headerMeta is the conversation metadata read from its header line.
@@ -269,7 +270,14 @@ func (c *conv) apply(m scanned) {
 		return // a second copy of a line (the reader drops those too)
 	}
 	if m.Kind != mirror.KindRaw {
-		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256}
+		after := m.EntryID
+		switch {
+		case m.Format == string(session.FormatV1):
+			after = c.head
+		case m.EntryType == "leaf":
+			after = m.targetID
+		}
+		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256, head: after}
 		c.entries++
 	}
 	if m.Ordinal <= c.lastOrdinal {
