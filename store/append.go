@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"time"
@@ -231,91 +230,6 @@ func show(head string) string {
 		return "null"
 	}
 	return strconv.Quote(head)
-}
-
-// partName is the object name of one uploaded part of a large entry.
-func partName(o mirror.Owner, sha string, offset int64) string {
-	return o.ObjectName(sha) + ".part." + strconv.FormatInt(offset, 10)
-}
-
-// Part stores one part of a large entry's upload.
-func (s *Store) Part(ctx context.Context, o mirror.Owner, id string, p partReq) (int64, *Error) {
-	switch {
-	case !shaPattern.MatchString(p.SHA256):
-		return 0, errorf(CodeInvalid, "part: sha256 %q is not 64 lower-case hex digits", p.SHA256)
-	case p.Size > s.opts.MaxEntryBytes:
-		return 0, tooLarge(ReasonEntry, "entry bytes", int64(p.Size), s.opts.MaxEntryBytes)
-	case p.Offset < 0 || len(p.Data) == 0 || len(p.Data) > PartSize || p.Offset+int64(len(p.Data)) > p.Size:
-		return 0, errorf(CodeInvalid, "part at %d of %d bytes does not fit an entry of %d bytes (parts hold 1 to %d bytes)", p.Offset, len(p.Data), p.Size, PartSize)
-	}
-	if e := s.exists(ctx, o, id); e != nil {
-		return 0, e
-	}
-	if _, err := s.obj.Put(ctx, jetstream.ObjectMeta{Name: partName(o, p.SHA256, p.Offset)}, bytes.NewReader(p.Data)); err != nil {
-		return 0, errorf(CodeUnavailable, "store part: %v", err)
-	}
-	return p.Offset + int64(len(p.Data)), nil
-}
-
-// assemble reads back the parts of an upload (or the blob itself, when a retried append
-// finds it stored and its parts removed) and checks size and digest.
-func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]byte, []string, *Error) {
-	if !shaPattern.MatchString(ref.SHA256) || ref.Size <= 0 {
-		return nil, nil, errorf(CodeInvalid, "blob: sha256 %q, size %d", ref.SHA256, ref.Size)
-	}
-	if ref.Size > s.opts.MaxEntryBytes {
-		return nil, nil, tooLarge(ReasonEntry, "entry bytes", int64(ref.Size), s.opts.MaxEntryBytes)
-	}
-	buf := make([]byte, 0, ref.Size)
-	var names []string
-	for int64(len(buf)) < ref.Size {
-		name := partName(o, ref.SHA256, int64(len(buf)))
-		b, err := s.obj.GetBytes(ctx, name)
-		if errors.Is(err, jetstream.ErrObjectNotFound) {
-			if len(buf) == 0 {
-				if whole, e := s.storedBlob(ctx, o, ref.SHA256); e == nil && int64(len(whole)) == ref.Size {
-					return whole, nil, nil
-				}
-			}
-			return nil, nil, errorf(CodeNotFound, "part at %d of %s not uploaded", len(buf), ref.SHA256)
-		}
-		if err != nil || len(b) == 0 {
-			return nil, nil, errorf(CodeUnavailable, "read part %s: %v", name, err)
-		}
-		buf = append(buf, b...)
-		names = append(names, name)
-	}
-	if int64(len(buf)) != ref.Size || digest(buf) != ref.SHA256 {
-		return nil, nil, errorf(CodeInvalid, "the parts of %s are %d bytes with another digest", ref.SHA256, len(buf))
-	}
-	return buf, names, nil
-}
-
-func (s *Store) storedBlob(ctx context.Context, o mirror.Owner, sha string) ([]byte, error) {
-	r, err := s.handles(o).reader.Blob(ctx, sha)
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	return io.ReadAll(io.LimitReader(r, s.opts.MaxEntryBytes+1))
-}
-
-// AppendBlob appends an entry uploaded in parts.
-func (s *Store) AppendBlob(ctx context.Context, o mirror.Owner, id, expected string, ref blobRef) (AppendReply, *Error) {
-	if e := s.exists(ctx, o, id); e != nil {
-		return AppendReply{}, e
-	}
-	line, parts, e := s.assemble(ctx, o, ref)
-	if e != nil {
-		return AppendReply{}, e
-	}
-	rep, e := s.Append(ctx, o, id, expected, line)
-	if e == nil {
-		for _, name := range parts {
-			_ = s.obj.Delete(ctx, name) // the entry is stored; a part left over is only space
-		}
-	}
-	return rep, e
 }
 
 // exists answers not_found for a conversation the owner does not have.

@@ -58,6 +58,7 @@ func checkHeader(line []byte) (headerMeta, *Error) {
 // headerLine checks the header line of a new conversation (create, fork).
 func (s *Store) headerLine(line []byte) (headerMeta, *Error) {
 	if n := int64(len(line)); n > s.opts.MaxHeaderBytes {
+		s.m.quota.WithLabelValues(ReasonHeader).Inc()
 		return headerMeta{}, tooLarge(ReasonHeader, "header line bytes (metadata, cwd, parentSession)", n, s.opts.MaxHeaderBytes)
 	}
 	return checkHeader(line)
@@ -94,6 +95,9 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 		case !errors.Is(err, errNoConv):
 			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
 		}
+		if e := s.checkQuotaConversations(ctx, o); e != nil {
+			return 0, Meta{}, e
+		}
 		ok, e := s.publishHeader(ctx, st, hm, line, sum, "")
 		if e != nil {
 			return 0, Meta{}, e
@@ -101,6 +105,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 		if !ok {
 			continue
 		}
+		s.countCreated(o)
 		st.writer = mirror.WriterStore
 		if err := s.saveHead(ctx, st); err != nil {
 			s.log.Warn("create: head not written", zapConv(st), zapErr(err))

@@ -22,3 +22,9 @@ func (m *Metrics) Repairs() prometheus.Counter { return m.repairs }
 
 // Truthy is JavaScript's truthiness of a JSON value, as the fork rules read it.
 var Truthy = truthy
+
+// Quota is pisync_store_quota_refusals_total{quota}.
+func (m *Metrics) Quota(quota string) prometheus.Counter { return m.quota.WithLabelValues(quota) }
+
+// PartsExpired is pisync_store_parts_expired_total.
+func (m *Metrics) PartsExpired() prometheus.Counter { return m.partsExpired }

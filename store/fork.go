@@ -112,6 +112,9 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 		}
 		resumed := mark != nil
 		if !resumed {
+			if e := s.checkQuotaConversations(ctx, o); e != nil {
+				return Meta{}, e
+			}
 			if mark, e = s.forkSnapshot(ctx, src, req); e != nil {
 				return Meta{}, e
 			}
@@ -229,6 +232,7 @@ func (s *Store) forkCopy(ctx context.Context, dst mirror.Conv, line []byte, sum 
 				losses++
 				continue
 			}
+			s.countCreated(dst.Owner)
 		case err != nil:
 			return Meta{}, false, errorf(CodeUnavailable, "%v", err)
 		case nst.headerSHA != sum || nst.gen != 1 || nst.fork == nil || !nst.fork.sameRequest(req):

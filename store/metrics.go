@@ -14,6 +14,10 @@ type Metrics struct {
 	blobs     prometheus.Counter
 	inflight  prometheus.Gauge
 	unsent    *prometheus.CounterVec
+
+	quota        *prometheus.CounterVec
+	partsExpired prometheus.Counter
+	partBytes    prometheus.Gauge
 }
 
 // NewMetrics declares the store's metrics.
@@ -44,6 +48,18 @@ func NewMetrics() *Metrics {
 			Name: "pisync_store_replies_unsent_total",
 			Help: "Replies the connection refused to send (closed, or another failure), by operation: the client got no answer.",
 		}, []string{"op"}),
+		quota: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_quota_refusals_total",
+			Help: "Requests refused (too_large) because an owner reached a quota, by quota: header (bytes of a header line), conversations, parts (bytes of uploaded parts waiting).",
+		}, []string{"quota"}),
+		partsExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_store_parts_expired_total",
+			Help: "Uploaded parts of large entries deleted because no append used them within the part TTL.",
+		}),
+		partBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_store_part_bytes",
+			Help: "Bytes of uploaded parts this replica stored that wait for their append.",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_store_requests_in_flight",
 			Help: "Requests the session store is working on.",
@@ -54,6 +70,9 @@ func NewMetrics() *Metrics {
 // init creates the series of every label value, so that a rate over them exists from the
 // start (and the exported-metrics check sees them).
 func (m *Metrics) init() *Metrics {
+	for _, q := range []string{ReasonHeader, ReasonConversations, ReasonParts} {
+		m.quota.WithLabelValues(q)
+	}
 	for _, op := range Ops {
 		m.unsent.WithLabelValues(op)
 	}
@@ -62,7 +81,8 @@ func (m *Metrics) init() *Metrics {
 
 // Register adds the metrics to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight, m.unsent} {
+	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight, m.unsent,
+		m.quota, m.partsExpired, m.partBytes} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

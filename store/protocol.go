@@ -31,6 +31,9 @@ const (
 const (
 	ReasonEntry  = "entry"  // an entry above the entry limit
 	ReasonHeader = "header" // a header line above the header limit
+	// Per-owner quotas.
+	ReasonConversations = "conversations" // the owner has as many conversations as allowed
+	ReasonParts         = "parts"         // the owner has as many bytes waiting in parts as allowed
 )
 
 // Error is a failed request: the error object of a reply.

@@ -40,13 +40,14 @@ type Service struct {
 	mu      sync.Mutex // orders wg.Add before Stop's wg.Wait
 	stopped bool
 	wg      sync.WaitGroup
+	swept   chan struct{} // closed when the sweep of expired parts has ended
 }
 
 // Serve registers the store as the micro service pisync-store on nc and answers until
 // Stop.
 func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	sv := &Service{ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxConcurrent)}
+	sv := &Service{ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxConcurrent), swept: make(chan struct{})}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ProtocolVersion,
@@ -58,6 +59,10 @@ func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
 		return nil, fmt.Errorf("add service %s: %w", ServiceName, err)
 	}
 	sv.svc = svc
+	go func() {
+		defer close(sv.swept)
+		s.sweepParts(ctx)
+	}()
 	for _, op := range Ops {
 		op := op
 		h := micro.HandlerFunc(func(r micro.Request) {
@@ -97,6 +102,7 @@ func (sv *Service) Stop() error {
 	sv.mu.Unlock()
 	sv.wg.Wait()
 	sv.cancel()
+	<-sv.swept
 	return err
 }
 

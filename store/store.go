@@ -26,8 +26,15 @@ type Options struct {
 	// must be before a replica repairs the head: younger, the replica that stored it is
 	// most likely writing it after its reply (default 5 s).
 	HeadRepairGrace time.Duration
-	Logger          *zap.Logger
-	Metrics         *Metrics // nil: counted on metrics registered nowhere
+	// Per-owner quotas: conversations (default 100,000), and bytes of uploaded parts
+	// waiting for their append on one replica (default 256 MiB). Negative: none.
+	MaxConversations int
+	MaxPartBytes     int64
+	// PartTTL is how long an uploaded part waits for its append before it is deleted
+	// (default 1 h); every PartSweep (default 10 min) a replica deletes those older.
+	PartTTL, PartSweep time.Duration
+	Logger             *zap.Logger
+	Metrics            *Metrics // nil: counted on metrics registered nowhere
 }
 
 // Store is the session store of DESIGN §8 over the mirror. It holds no state of its own
@@ -51,6 +58,8 @@ type Store struct {
 	owners map[string]*ownerHandles // tenant.owner tokens → reader and writer
 	convs  map[string]*conv         // head key → state
 	opened *openCache
+	parts  *partLedger
+	counts ownerCounts
 }
 
 // faults are the steps a test can make fail. A nil func never fails.
@@ -84,6 +93,18 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	if opts.HeadRepairGrace <= 0 {
 		opts.HeadRepairGrace = 5 * time.Second
 	}
+	if opts.MaxConversations == 0 {
+		opts.MaxConversations = 100_000
+	}
+	if opts.MaxPartBytes == 0 {
+		opts.MaxPartBytes = 256 << 20
+	}
+	if opts.PartTTL <= 0 {
+		opts.PartTTL = time.Hour
+	}
+	if opts.PartSweep <= 0 {
+		opts.PartSweep = 10 * time.Minute
+	}
 	if opts.MaxConvs <= 0 {
 		opts.MaxConvs = 10000
 	}
@@ -99,7 +120,8 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	}
 	kv, obj := bound.Heads, bound.Blobs
 	return &Store{js: js, names: names, bound: bound, kv: kv, obj: obj, opts: opts, log: opts.Logger, m: opts.Metrics,
-		owners: map[string]*ownerHandles{}, convs: map[string]*conv{}, opened: newOpenCache(64 << 20)}, nil
+		owners: map[string]*ownerHandles{}, convs: map[string]*conv{}, opened: newOpenCache(64 << 20),
+		parts: newPartLedger(), counts: ownerCounts{n: map[string]ownerCount{}}}, nil
 }
 
 // handles returns the mirror reader and writer of an owner, binding them on first use.
