@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/mirror"
@@ -207,8 +208,10 @@ var errBlob = errors.New("blob")
 // drop the new message as a duplicate of the purged one. The expected subject sequence
 // alone keeps a store publish exactly once (a retry on a stale sequence is refused).
 func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line []byte, expectSeq uint64, withoutMsgID bool) (*jetstream.PubAck, error) {
-	body := line
-	if int64(len(line)) > s.opts.BlobThreshold {
+	m := s.names.NewMsg(c, l, line)
+	// Above the threshold, or too large for one message of this server with its headers
+	// (a max_payload below the threshold), the line goes to the object store.
+	if int64(len(line)) > s.opts.BlobThreshold || int64(len(line)+headerBytes(m.Header)) > s.opts.MaxPayload {
 		uploaded, err := s.handles(c.Owner).writer.PutBlob(ctx, l.SHA256, bytes.NewReader(line))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errBlob, err)
@@ -216,13 +219,25 @@ func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line 
 		if uploaded {
 			s.m.blobs.Inc()
 		}
-		l.Kind, l.BlobSize, body = mirror.KindBlob, int64(len(line)), nil
+		l.Kind, l.BlobSize = mirror.KindBlob, int64(len(line))
+		m = s.names.NewMsg(c, l, nil)
 	}
-	m := s.names.NewMsg(c, l, body)
 	if withoutMsgID {
 		m.Header.Del(mirror.HdrMsgID)
 	}
 	return s.js.PublishMsg(ctx, m, expectSubjectSeq(expectSeq))
+}
+
+// headerBytes is about what h takes in a message (NATS/1.0 line, "key: value" lines),
+// with room for the expected-sequence header the publish adds.
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n") + len(jetstream.ExpectedLastSubjSeqHeader) + 24
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
 }
 
 func show(head string) string {

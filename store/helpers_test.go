@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -31,7 +32,13 @@ type env struct {
 
 func newEnv(t *testing.T, replicas int, opts store.Options) *env {
 	t.Helper()
-	srv := natstest.Run(t)
+	return newEnvWith(t, replicas, opts, nil)
+}
+
+// newEnvWith is newEnv on a server configured by configure (nil: natstest's defaults).
+func newEnvWith(t *testing.T, replicas int, opts store.Options, configure func(*server.Options)) *env {
+	t.Helper()
+	srv := natstest.RunWith(t, configure)
 	e := &env{t: t, srv: srv, names: mirror.DefaultNames()}
 	e.client = natstest.Connect(t, srv.URL())
 	js, err := jetstream.New(e.client)

@@ -215,7 +215,8 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 	if req.Offset < 0 || req.Offset > int64(len(data)) {
 		return PartReply{}, errorf(CodeInvalid, "offset %d outside the entry's %d bytes", req.Offset, len(data))
 	}
-	end := min(req.Offset+PartSize, int64(len(data)))
+	// A part is at most PartSize, and less when its base64 would not fit max_payload.
+	end := min(req.Offset+min(PartSize, (s.opts.MaxPayload-1024)/4*3), int64(len(data)))
 	return PartReply{OK: true, Ordinal: m.Ordinal, Offset: req.Offset, Size: int64(len(data)),
 		Data: data[req.Offset:end], EOF: end == int64(len(data))}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -139,5 +140,34 @@ func TestReplyAboveMaxPayloadIsAnError(t *testing.T) {
 	}
 	if ok, un := testutil.ToFloat64(m.Requests("open", "ok")), testutil.ToFloat64(m.Requests("open", "unavailable")); ok != 0 || un != 1 {
 		t.Fatalf("requests_total{op=open}: ok %v, unavailable %v; want 0 and 1", ok, un)
+	}
+}
+
+// TestSmallMaxPayload: under a server max_payload below the blob threshold, an entry too
+// large for one message goes to the object store whatever the threshold says, and its
+// parts are read back in replies that fit.
+func TestSmallMaxPayload(t *testing.T) {
+	const maxPayload = 256 << 10
+	e := newEnvWith(t, 1, store.Options{MaxPayload: maxPayload}, func(o *server.Options) { o.MaxPayload = maxPayload })
+	e.create("alice", "conv1")
+	e.mustAppend("alice", "conv1", "", entryLine("a1b2c3d4", "", "x"))
+	mid := entryLine("b2c3d4e5", "a1b2c3d4", strings.Repeat("m", 300<<10)) // above max_payload, below 512 KiB
+	sum := sha256.Sum256([]byte(mid))
+	sha := hex.EncodeToString(sum[:])
+	const part = 128 << 10
+	for off := 0; off < len(mid); off += part {
+		end := min(off+part, len(mid))
+		if r := e.req("alice", "append", map[string]any{"id": "conv1", "part": map[string]any{
+			"sha256": sha, "size": len(mid), "offset": off, "data": []byte(mid[off:end])}}); !r.OK {
+			t.Fatalf("part at %d: %+v", off, r.Error)
+		}
+	}
+	a := e.req("alice", "append", map[string]any{"id": "conv1", "expectedHead": "a1b2c3d4", "blob": map[string]any{"sha256": sha, "size": len(mid)}})
+	if !a.OK {
+		t.Fatalf("append of %d bytes under max_payload %d: %s %+v", len(mid), maxPayload, a.code(), a.Error)
+	}
+	first, got := e.openAll("alice", "conv1")
+	if !first.OK || len(got) != 2 || got[1] != mid {
+		t.Fatalf("open: %s, %d lines, the large one intact: %v", first.code(), len(got), len(got) == 2 && got[1] == mid)
 	}
 }
