@@ -329,3 +329,25 @@ describe("fork across a replica killed mid-copy", () => {
     assert.ok(listed, "the completed fork is listed");
   });
 });
+
+describe("a server with a small max_payload", () => {
+  let small: Store;
+  before(async () => {
+    small = await Store.start({ maxPayload: 256 * 1024 });
+  });
+  after(async () => {
+    await small?.stop();
+  });
+
+  test("entries above it, and below the 512 KiB of a default part, are appended and read back", async () => {
+    const r = new NatsSessionRepo({ servers: small.url, tenant: "t1", owner: `owner-${randomUUID().slice(0, 8)}`, timeoutMs: 3000 });
+    repos.push(r);
+    const s = await r.create({ cwd: "/home/dev/small" });
+    const texts = ["x".repeat(200 * 1024), "y".repeat(300 * 1024), "z".repeat(700 * 1024)];
+    const ids: string[] = [];
+    for (const t of texts) ids.push(await s.appendMessage(user(t)));
+    const reopened = await r.open(await s.getMetadata());
+    assert.deepEqual(await reopened.getEntries(), JSON.parse(JSON.stringify(await s.getEntries())));
+    assert.deepEqual((await reopened.getEntries()).map((e) => e.id), ids);
+  });
+});
