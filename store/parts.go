@@ -69,10 +69,10 @@ func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]by
 		name := partName(o, ref.SHA256, int64(len(buf)))
 		b, err := s.obj.GetBytes(ctx, name)
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
-			if len(buf) == 0 {
-				if whole, e := s.storedBlob(ctx, o, ref.SHA256); e == nil && int64(len(whole)) == ref.Size {
-					return whole, nil, nil
-				}
+			// The entry may be stored: its append deletes the parts, perhaps while this
+			// retry of it reads them.
+			if whole, e := s.storedBlob(ctx, o, ref.SHA256); e == nil && int64(len(whole)) == ref.Size {
+				return whole, nil, nil
 			}
 			return nil, nil, errorf(CodeNotFound, "part at %d of %s not uploaded", len(buf), ref.SHA256)
 		}
@@ -103,6 +103,13 @@ func (s *Store) AppendBlob(ctx context.Context, o mirror.Owner, id, expected str
 		return AppendReply{}, e
 	}
 	line, parts, e := s.assemble(ctx, o, ref)
+	if e != nil && e.Code == CodeNotFound {
+		// Parts gone and no blob: an entry stored in the stream itself (below the blob
+		// threshold) by an earlier attempt of this append deleted them.
+		if rep, ok := s.storedEntry(ctx, o, id, ref.SHA256); ok {
+			return rep, nil
+		}
+	}
 	if e != nil {
 		return AppendReply{}, e
 	}
@@ -114,6 +121,26 @@ func (s *Store) AppendBlob(ctx context.Context, o mirror.Owner, id, expected str
 		}
 	}
 	return rep, e
+}
+
+// storedEntry is the duplicate reply of an entry of conversation id with digest sha, if
+// the conversation holds one.
+func (s *Store) storedEntry(ctx context.Context, o mirror.Owner, id, sha string) (AppendReply, bool) {
+	c, err := mirror.NewConv(o, id)
+	if err != nil {
+		return AppendReply{}, false
+	}
+	st := s.conv(c)
+	defer st.mu.Unlock()
+	if e := s.refresh(ctx, st, id); e != nil || st.incomplete() {
+		return AppendReply{}, false
+	}
+	for _, ref := range st.ids {
+		if ref.sha == sha {
+			return AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(ref.head), Duplicate: true}, true
+		}
+	}
+	return AppendReply{}, false
 }
 
 // partLedger is what one replica knows of the parts it stored and that no append has

@@ -171,3 +171,41 @@ func TestSmallMaxPayload(t *testing.T) {
 		t.Fatalf("open: %s, %d lines, the large one intact: %v", first.code(), len(got), len(got) == 2 && got[1] == mid)
 	}
 }
+
+// TestBlobAppendRacingItsRetry: a blob append whose first attempt, on another replica,
+// stores the entry and deletes its parts while the retry reads them, answers the retry
+// as a duplicate, not not_found (found by the store torture run).
+func TestBlobAppendRacingItsRetry(t *testing.T) {
+	for _, size := range []int{600 << 10, 200 << 10} { // stored as a blob; stored inline
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			e := newEnv(t, 1, store.Options{})
+			e.create("alice", "conv1")
+			line := entryLine("a1b2c3d4", "", strings.Repeat("b", size))
+			sum := sha256.Sum256([]byte(line))
+			sha := hex.EncodeToString(sum[:])
+			const part = 128 << 10
+			upload := func(upTo int) {
+				for off := 0; off < upTo; off += part {
+					end := min(off+part, len(line))
+					if r := e.req("alice", "append", map[string]any{"id": "conv1", "part": map[string]any{
+						"sha256": sha, "size": len(line), "offset": off, "data": []byte(line[off:end])}}); !r.OK {
+						t.Fatalf("part at %d: %+v", off, r.Error)
+					}
+				}
+			}
+			blob := map[string]any{"id": "conv1", "expectedHead": nil, "blob": map[string]any{"sha256": sha, "size": len(line)}}
+			upload(len(line))
+			first := e.req("alice", "append", blob)
+			if !first.OK {
+				t.Fatalf("append: %+v", first.Error)
+			}
+			// What the retry finds while the first attempt deletes the parts: the first of
+			// them still there, the others gone.
+			upload(part)
+			again := e.req("alice", "append", blob)
+			if !again.OK || !again.Duplicate || again.Seq != first.Seq {
+				t.Fatalf("append again while its parts are deleted: %s %+v, want ok duplicate at %d", again.code(), again.Error, first.Seq)
+			}
+		})
+	}
+}
