@@ -182,32 +182,18 @@ func (c *tClient) open(id string) (tReply, []string, []int64, error) {
 func (c *tClient) list() ([]tMeta, error) {
 	var out []tMeta
 	for offset := 0; ; {
-		b, _ := json.Marshal(map[string]any{"offset": offset})
-		var r struct {
-			OK       bool    `json:"ok"`
-			Sessions []tMeta `json:"sessions"`
-			Next     int     `json:"next"`
-		}
-		var err error
-		for attempt := 0; attempt < c.attempts; attempt++ {
-			var m *nats.Msg
-			if m, err = c.nc.Request(c.names.StoreSubject(c.owner, "list"), b, 3*time.Second); err == nil {
-				if err = json.Unmarshal(m.Data, &r); err == nil && !r.OK {
-					err = fmt.Errorf("list: %s", m.Data)
-				}
-			}
-			if err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		r, _, err := c.call("list", map[string]any{"offset": offset})
+		if err == nil && !r.OK {
+			err = fmt.Errorf("%s %+v", r.code(), r.Error)
 		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("list at %d: %w", offset, err)
 		}
 		out = append(out, r.Sessions...)
-		if r.Next == 0 {
+		var next int
+		if len(r.Next) == 0 || json.Unmarshal(r.Next, &next) != nil || next == 0 {
 			return out, nil
 		}
-		offset = r.Next
+		offset = next
 	}
 }
