@@ -219,7 +219,13 @@ func (st *storeTorture) fork(src *tConv) {
 	body := map[string]any{"source": src.id, "line": tHeader(id, "/srv/fork")}
 	want := slices.Clone(src.entries)
 	if n := len(src.entries); n > 0 && st.rng.IntN(2) == 0 {
+		// Not at a leaf record: its target can be off the path, and the fork's head then
+		// names an entry it lacks (Pi's JSONL fork makes the same file, whose next append
+		// Pi writes with a missing parent and the store refuses as invalid).
 		at := src.entries[st.rng.IntN(n)]
+		for at.leaf {
+			at = byParent(src.entries, at)
+		}
 		body["entryId"], body["position"] = at.id, "at"
 		byID := map[string]tLine{}
 		for _, e := range src.entries {
@@ -405,6 +411,17 @@ func (st *storeTorture) checkRecover() {
 			st.t.Errorf("recover of %s differs from open: %d bytes, want %d", id, len(b), len(want))
 		}
 	}
+}
+
+// byParent is the entry e's parent is (e is a leaf record, whose parent is the entry the
+// leaf was at before it moved; a leaf record is never the first entry).
+func byParent(entries []tLine, e tLine) tLine {
+	for _, p := range entries {
+		if p.id == e.parent {
+			return p
+		}
+	}
+	return entries[0]
 }
 
 func deref(s *string) string {
