@@ -79,6 +79,18 @@ torture:
 		$(if $(SEED),-torture.seed=$(SEED) -torture.ops=$(OPS),-torture.duration=$(TORTURE_DURATION) -torture.record=$(TORTURE_RECORD)) \
 		-torture.exclude=$(EXCLUDE) $(TORTURE_FLAGS)
 
+# The session store's torture run by hand: fresh seeds for STORE_TORTURE_DURATION (default
+# 60m) of create/append/fork/delete/open/list by concurrent clients against 2-3 `pisync serve`
+# replicas (built with -race) SIGKILLed and restarted, checked at quiet points; SEED=…
+# [STORE_OPS=…] replays one seed. `make test` runs one fixed seed (TestStoreTorture).
+STORE_TORTURE_DURATION ?= 60m
+STORE_OPS ?= 150
+.PHONY: store-torture
+store-torture:
+	$(GO) test ./cmd/pisync -run '^TestStoreTorture$$' -count=1 -timeout 0 -v -args \
+		-store-torture.race -store-torture.ops=$(STORE_OPS) \
+		$(if $(SEED),-store-torture.seed=$(SEED),-store-torture.duration=$(STORE_TORTURE_DURATION))
+
 # The fleet simulator by hand (bench/fleet, docs/capacity.md): FLEET_N daemons in one
 # process against a 3-node R3 cluster; steady state, an outage of the whole cluster of
 # FLEET_OUTAGE, then every daemon restarted at once. Idle hosts hold 100 to

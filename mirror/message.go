@@ -26,6 +26,9 @@ const (
 	HdrHost       = "Pisync-Host"
 	HdrSource     = "Pisync-Source"
 	HdrBlobSize   = "Pisync-Blob-Size" // blob messages only: the payload's length
+	// HdrFork is set by the session store on the header of a fork: what the fork copies,
+	// so that a fork not yet complete can be told apart and resumed (docs/store-protocol.md).
+	HdrFork = "Pisync-Fork"
 )
 
 // Kind says how a message carries its line.
@@ -57,7 +60,8 @@ type Line struct {
 	Format     string
 	Host       string
 	Source     string
-	BlobSize   int64 // KindBlob only
+	BlobSize   int64  // KindBlob only
+	Fork       string // HdrFork of a fork's header, as written; read back by ParseLine only
 }
 
 // NewMsg builds the message of one line of conversation c, with its headers as a map
@@ -238,6 +242,7 @@ func ParseLine(h nats.Header) (Line, error) {
 		Format:    h.Get(HdrFormat),
 		Host:      h.Get(HdrHost),
 		Source:    h.Get(HdrSource),
+		Fork:      h.Get(HdrFork),
 	}
 	switch l.Kind {
 	case KindHeader, KindEntry, KindBlob, KindRaw:

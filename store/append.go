@@ -7,10 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/mirror"
@@ -54,11 +55,12 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		return AppendReply{}, errorf(CodeNotFound, "conversation %q not found", id)
 	}
 	if int64(len(line)) > s.opts.MaxEntryBytes {
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", len(line), s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return AppendReply{}, e
+		return AppendReply{}, tooLarge(ReasonEntry, "entry bytes", int64(len(line)), s.opts.MaxEntryBytes)
 	}
 	env, err := session.ScanEntry(line)
+	if err == nil {
+		err = stringified(line)
+	}
 	if err != nil {
 		return AppendReply{}, errorf(CodeInvalid, "line is not one JSON entry: %v", err)
 	}
@@ -117,7 +119,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		storeHead := st.kvHasHead && st.kvRev != 0 && st.kvHead.Writer == mirror.WriterStore && st.kvHead.Generation == st.gen
 		st.subjSeq = ack.Sequence
 		st.count++
-		st.apply(scanned{Line: l, seq: ack.Sequence, targetID: env.TargetID})
+		st.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: env.TargetID})
 		st.writer = mirror.WriterStore
 		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
 		if later != nil && storeHead {
@@ -155,9 +157,12 @@ func (s *Store) refreshRead(ctx context.Context, st *conv, id string, out *loadO
 // check decides an append on st without writing: a reply (the entry is there already),
 // an error, or neither (go ahead).
 func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply, *Error) {
+	if st.incomplete() {
+		return nil, errorf(CodeNotFound, "conversation %q not found", st.c.Key)
+	}
 	if ref, ok := st.ids[env.ID]; ok {
 		if ref.sha == sum {
-			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(st.head), Duplicate: true}, nil
+			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(ref.head), Duplicate: true}, nil
 		}
 		return nil, conflict(ReasonEntryExists, st.head, "entry %s is already in the conversation with other bytes", env.ID)
 	}
@@ -203,8 +208,10 @@ var errBlob = errors.New("blob")
 // drop the new message as a duplicate of the purged one. The expected subject sequence
 // alone keeps a store publish exactly once (a retry on a stale sequence is refused).
 func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line []byte, expectSeq uint64, withoutMsgID bool) (*jetstream.PubAck, error) {
-	body := line
-	if int64(len(line)) > s.opts.BlobThreshold {
+	m := s.names.NewMsg(c, l, line)
+	// Above the threshold, or too large for one message of this server with its headers
+	// (a max_payload below the threshold), the line goes to the object store.
+	if int64(len(line)) > s.opts.BlobThreshold || int64(len(line)+headerBytes(m.Header)) > s.opts.MaxPayload {
 		uploaded, err := s.handles(c.Owner).writer.PutBlob(ctx, l.SHA256, bytes.NewReader(line))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errBlob, err)
@@ -212,13 +219,25 @@ func (s *Store) publish(ctx context.Context, c mirror.Conv, l mirror.Line, line 
 		if uploaded {
 			s.m.blobs.Inc()
 		}
-		l.Kind, l.BlobSize, body = mirror.KindBlob, int64(len(line)), nil
+		l.Kind, l.BlobSize = mirror.KindBlob, int64(len(line))
+		m = s.names.NewMsg(c, l, nil)
 	}
-	m := s.names.NewMsg(c, l, body)
 	if withoutMsgID {
 		m.Header.Del(mirror.HdrMsgID)
 	}
 	return s.js.PublishMsg(ctx, m, expectSubjectSeq(expectSeq))
+}
+
+// headerBytes is about what h takes in a message (NATS/1.0 line, "key: value" lines),
+// with room for the expected-sequence header the publish adds.
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n") + len(jetstream.ExpectedLastSubjSeqHeader) + 24
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
 }
 
 func show(head string) string {
@@ -226,95 +245,6 @@ func show(head string) string {
 		return "null"
 	}
 	return strconv.Quote(head)
-}
-
-// partName is the object name of one uploaded part of a large entry.
-func partName(o mirror.Owner, sha string, offset int64) string {
-	return o.ObjectName(sha) + ".part." + strconv.FormatInt(offset, 10)
-}
-
-// Part stores one part of a large entry's upload.
-func (s *Store) Part(ctx context.Context, o mirror.Owner, id string, p partReq) (int64, *Error) {
-	switch {
-	case !shaPattern.MatchString(p.SHA256):
-		return 0, errorf(CodeInvalid, "part: sha256 %q is not 64 lower-case hex digits", p.SHA256)
-	case p.Size > s.opts.MaxEntryBytes:
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", p.Size, s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return 0, e
-	case p.Offset < 0 || len(p.Data) == 0 || len(p.Data) > PartSize || p.Offset+int64(len(p.Data)) > p.Size:
-		return 0, errorf(CodeInvalid, "part at %d of %d bytes does not fit an entry of %d bytes (parts hold 1 to %d bytes)", p.Offset, len(p.Data), p.Size, PartSize)
-	}
-	if e := s.exists(ctx, o, id); e != nil {
-		return 0, e
-	}
-	if _, err := s.obj.Put(ctx, jetstream.ObjectMeta{Name: partName(o, p.SHA256, p.Offset)}, bytes.NewReader(p.Data)); err != nil {
-		return 0, errorf(CodeUnavailable, "store part: %v", err)
-	}
-	return p.Offset + int64(len(p.Data)), nil
-}
-
-// assemble reads back the parts of an upload (or the blob itself, when a retried append
-// finds it stored and its parts removed) and checks size and digest.
-func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]byte, []string, *Error) {
-	if !shaPattern.MatchString(ref.SHA256) || ref.Size <= 0 {
-		return nil, nil, errorf(CodeInvalid, "blob: sha256 %q, size %d", ref.SHA256, ref.Size)
-	}
-	if ref.Size > s.opts.MaxEntryBytes {
-		e := errorf(CodeTooLarge, "entry of %d bytes, the limit is %d", ref.Size, s.opts.MaxEntryBytes)
-		e.Limit = s.opts.MaxEntryBytes
-		return nil, nil, e
-	}
-	buf := make([]byte, 0, ref.Size)
-	var names []string
-	for int64(len(buf)) < ref.Size {
-		name := partName(o, ref.SHA256, int64(len(buf)))
-		b, err := s.obj.GetBytes(ctx, name)
-		if errors.Is(err, jetstream.ErrObjectNotFound) {
-			if len(buf) == 0 {
-				if whole, e := s.storedBlob(ctx, o, ref.SHA256); e == nil && int64(len(whole)) == ref.Size {
-					return whole, nil, nil
-				}
-			}
-			return nil, nil, errorf(CodeNotFound, "part at %d of %s not uploaded", len(buf), ref.SHA256)
-		}
-		if err != nil || len(b) == 0 {
-			return nil, nil, errorf(CodeUnavailable, "read part %s: %v", name, err)
-		}
-		buf = append(buf, b...)
-		names = append(names, name)
-	}
-	if int64(len(buf)) != ref.Size || digest(buf) != ref.SHA256 {
-		return nil, nil, errorf(CodeInvalid, "the parts of %s are %d bytes with another digest", ref.SHA256, len(buf))
-	}
-	return buf, names, nil
-}
-
-func (s *Store) storedBlob(ctx context.Context, o mirror.Owner, sha string) ([]byte, error) {
-	r, err := s.handles(o).reader.Blob(ctx, sha)
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	return io.ReadAll(io.LimitReader(r, s.opts.MaxEntryBytes+1))
-}
-
-// AppendBlob appends an entry uploaded in parts.
-func (s *Store) AppendBlob(ctx context.Context, o mirror.Owner, id, expected string, ref blobRef) (AppendReply, *Error) {
-	if e := s.exists(ctx, o, id); e != nil {
-		return AppendReply{}, e
-	}
-	line, parts, e := s.assemble(ctx, o, ref)
-	if e != nil {
-		return AppendReply{}, e
-	}
-	rep, e := s.Append(ctx, o, id, expected, line)
-	if e == nil {
-		for _, name := range parts {
-			_ = s.obj.Delete(ctx, name) // the entry is stored; a part left over is only space
-		}
-	}
-	return rep, e
 }
 
 // exists answers not_found for a conversation the owner does not have.
@@ -325,7 +255,7 @@ func (s *Store) exists(ctx context.Context, o mirror.Owner, id string) *Error {
 	}
 	st := s.conv(c)
 	defer st.mu.Unlock()
-	if err := s.load(ctx, st, nil); errors.Is(err, errNoConv) {
+	if err := s.load(ctx, st, nil); errors.Is(err, errNoConv) || err == nil && st.incomplete() {
 		return errorf(CodeNotFound, "conversation %q not found", id)
 	} else if err != nil {
 		return errorf(CodeUnavailable, "%v", err)

@@ -12,6 +12,9 @@ import (
 
 // checkHeader applies the checks of Pi's parseHeaderLine to a v3 header line.
 func checkHeader(line []byte) (headerMeta, *Error) {
+	if err := stringified(line); err != nil {
+		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+	}
 	h, err := session.ParseHeader(line)
 	if err != nil {
 		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
@@ -44,7 +47,21 @@ func checkHeader(line []byte) (headerMeta, *Error) {
 	if err != nil {
 		return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
 	}
+	for _, f := range [][2]string{{"id", hm.id}, {"timestamp", hm.createdAt}} {
+		if err := pathSafe(f[0], f[1]); err != nil {
+			return headerMeta{}, errorf(CodeInvalid, "header line: %v", err)
+		}
+	}
 	return hm, nil
+}
+
+// headerLine checks the header line of a new conversation (create, fork).
+func (s *Store) headerLine(line []byte) (headerMeta, *Error) {
+	if n := int64(len(line)); n > s.opts.MaxHeaderBytes {
+		s.m.quota.WithLabelValues(ReasonHeader).Inc()
+		return headerMeta{}, tooLarge(ReasonHeader, "header line bytes (metadata, cwd, parentSession)", n, s.opts.MaxHeaderBytes)
+	}
+	return checkHeader(line)
 }
 
 // sourcePath is where Pi's JSONL backend would put the file, relative to its root.
@@ -55,7 +72,7 @@ func sourcePath(hm headerMeta) string {
 // Create starts a conversation with its header line. The same line again answers with
 // the original sequence; another line for an existing id is a conflict.
 func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64, Meta, *Error) {
-	hm, e := checkHeader(line)
+	hm, e := s.headerLine(line)
 	if e != nil {
 		return 0, Meta{}, e
 	}
@@ -66,12 +83,11 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	st := s.conv(c)
 	defer st.mu.Unlock()
 	sum := digest(line)
-	dupSeen := false
 	for attempt := 0; attempt < attempts; attempt++ {
 		err := s.load(ctx, st, nil)
 		switch {
 		case err == nil:
-			if st.headerSHA == sum && st.gen == 1 {
+			if st.headerSHA == sum && st.gen == 1 && st.fork == nil {
 				return st.headerSeq, s.meta(st), nil
 			}
 			s.m.conflicts.WithLabelValues(ReasonExists).Inc()
@@ -79,28 +95,50 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 		case !errors.Is(err, errNoConv):
 			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
 		}
-		l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
-			Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
-		m := s.names.NewMsg(c, l, line)
-		if dupSeen { // a header of a deleted conversation still in the duplicate window
-			m.Header.Del(mirror.HdrMsgID)
+		if e := s.checkQuotaConversations(ctx, o); e != nil {
+			return 0, Meta{}, e
 		}
-		ack, err := s.js.PublishMsg(ctx, m, expectSubjectSeq(0))
-		if err != nil || ack.Duplicate {
-			dupSeen = dupSeen || err == nil
-			continue // created meanwhile, or possibly stored: the stream says which
+		ok, e := s.publishHeader(ctx, st, hm, line, sum, "")
+		if e != nil {
+			return 0, Meta{}, e
 		}
-		st.loaded = false
-		if err := s.load(ctx, st, nil); err != nil {
-			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
+		if !ok {
+			continue
 		}
+		s.countCreated(o)
 		st.writer = mirror.WriterStore
 		if err := s.saveHead(ctx, st); err != nil {
 			s.log.Warn("create: head not written", zapConv(st), zapErr(err))
 		}
-		return ack.Sequence, s.meta(st), nil
+		return st.headerSeq, s.meta(st), nil
 	}
 	return 0, Meta{}, errorf(CodeUnavailable, "conversation %s: JetStream did not answer; retry", hm.id)
+}
+
+// publishHeader publishes the header line of a conversation the stream does not hold
+// (fork: the Pisync-Fork mark, "" for none) and reads the conversation back into st.
+// ok is false when the publish may not have been stored, or lost to another one: the
+// caller reads the stream again to know which.
+func (s *Store) publishHeader(ctx context.Context, st *conv, hm headerMeta, line []byte, sum, fork string) (bool, *Error) {
+	l := mirror.Line{Kind: mirror.KindHeader, EntryID: mirror.HeaderEntryType, EntryType: mirror.HeaderEntryType,
+		Ordinal: 0, Generation: 1, SHA256: sum, Format: string(session.FormatV3), Host: s.opts.Host, Source: sourcePath(hm)}
+	m := s.names.NewMsg(st.c, l, line)
+	if fork != "" {
+		m.Header.Set(mirror.HdrFork, fork)
+	}
+	if st.headerDup { // a header of a deleted conversation still in the duplicate window
+		m.Header.Del(mirror.HdrMsgID)
+	}
+	ack, err := s.js.PublishMsg(ctx, m, expectSubjectSeq(0))
+	if err != nil || ack.Duplicate {
+		st.headerDup = st.headerDup || err == nil
+		return false, nil // created meanwhile, or possibly stored: the stream says which
+	}
+	st.headerDup, st.loaded = false, false
+	if err := s.load(ctx, st, nil); err != nil {
+		return false, errorf(CodeUnavailable, "%v", err)
+	}
+	return true, nil
 }
 
 // meta is the wire metadata of st.

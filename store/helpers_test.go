@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -31,7 +32,13 @@ type env struct {
 
 func newEnv(t *testing.T, replicas int, opts store.Options) *env {
 	t.Helper()
-	srv := natstest.Run(t)
+	return newEnvWith(t, replicas, opts, nil)
+}
+
+// newEnvWith is newEnv on a server configured by configure (nil: natstest's defaults).
+func newEnvWith(t *testing.T, replicas int, opts store.Options, configure func(*server.Options)) *env {
+	t.Helper()
+	srv := natstest.RunWith(t, configure)
 	e := &env{t: t, srv: srv, names: mirror.DefaultNames()}
 	e.client = natstest.Connect(t, srv.URL())
 	js, err := jetstream.New(e.client)
@@ -121,8 +128,8 @@ func (r reply) errHead() string {
 	return *h
 }
 
-// req sends one request as owner and decodes the reply.
-func (e *env) req(owner, op string, body any) reply {
+// request sends one request as owner and returns the reply message.
+func (e *env) request(owner, op string, body any) *nats.Msg {
 	e.t.Helper()
 	o, err := mirror.NewOwner("t1", owner)
 	if err != nil {
@@ -136,6 +143,19 @@ func (e *env) req(owner, op string, body any) reply {
 	if err != nil {
 		e.t.Fatalf("%s: %v", op, err)
 	}
+	return m
+}
+
+// reqRaw sends one request as owner and returns the reply's body.
+func (e *env) reqRaw(owner, op string, body any) []byte {
+	e.t.Helper()
+	return e.request(owner, op, body).Data
+}
+
+// req sends one request as owner and decodes the reply.
+func (e *env) req(owner, op string, body any) reply {
+	e.t.Helper()
+	m := e.request(owner, op, body)
 	var r reply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		e.t.Fatalf("%s reply %q: %v", op, m.Data, err)

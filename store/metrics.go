@@ -13,11 +13,16 @@ type Metrics struct {
 	repairs   prometheus.Counter
 	blobs     prometheus.Counter
 	inflight  prometheus.Gauge
+	unsent    *prometheus.CounterVec
+
+	quota        *prometheus.CounterVec
+	partsExpired prometheus.Counter
+	partBytes    prometheus.Gauge
 }
 
 // NewMetrics declares the store's metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{
+	return (&Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_requests_total",
 			Help: "Requests answered by the session store, by operation and reply code (ok, not_found, conflict, invalid, too_large, unavailable).",
@@ -33,22 +38,51 @@ func NewMetrics() *Metrics {
 		}, []string{"reason"}),
 		repairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_head_repairs_total",
-			Help: "Heads rewritten from the stream because they were behind it (a replica stopped between publish and head update).",
+			Help: "Heads rewritten from the stream because they were behind it for longer than a head write takes (a replica stopped between its acknowledgement and its head update).",
 		}),
 		blobs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_blobs_total",
 			Help: "Entries above the blob threshold stored in the object store by the session store.",
 		}),
+		unsent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_replies_unsent_total",
+			Help: "Replies the connection refused to send (closed, or another failure), by operation: the client got no answer.",
+		}, []string{"op"}),
+		quota: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pisync_store_quota_refusals_total",
+			Help: "Requests refused (too_large) because an owner reached a quota, by quota: header (bytes of a header line), conversations, parts (bytes of uploaded parts waiting).",
+		}, []string{"quota"}),
+		partsExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_store_parts_expired_total",
+			Help: "Uploaded parts of large entries deleted because no append used them within the part TTL.",
+		}),
+		partBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pisync_store_part_bytes",
+			Help: "Bytes of uploaded parts this replica stored that wait for their append.",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_store_requests_in_flight",
 			Help: "Requests the session store is working on.",
 		}),
+	}).init()
+}
+
+// init creates the series of every label value, so that a rate over them exists from the
+// start (and the exported-metrics check sees them).
+func (m *Metrics) init() *Metrics {
+	for _, q := range []string{ReasonHeader, ReasonConversations, ReasonParts} {
+		m.quota.WithLabelValues(q)
 	}
+	for _, op := range Ops {
+		m.unsent.WithLabelValues(op)
+	}
+	return m
 }
 
 // Register adds the metrics to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight} {
+	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight, m.unsent,
+		m.quota, m.partsExpired, m.partBytes} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

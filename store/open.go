@@ -47,9 +47,14 @@ type PartReply struct {
 	EOF     bool   `json:"eof"`
 }
 
-// replyReserve is what an open reply keeps free of entries below max_payload: its other
-// fields and the headers of the reply message.
-const replyReserve = 64 << 10
+// What an open reply keeps free below max_payload besides its head and entries: the tail
+// after the entries (`],"next":{"after":N}}`); room for one entry by reference; room for
+// the head's fields but meta.
+const (
+	openTail     = 64
+	openRefRoom  = 256
+	openHeadRoom = 512
+)
 
 // Open answers one open request: the metadata, head and the entries after req.After of
 // the generation the store serves, as many as fit one reply. A replica that has to read
@@ -65,6 +70,10 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	if e := s.refreshRead(ctx, st, req.ID, &read); e != nil {
 		st.mu.Unlock()
 		return OpenReply{}, e
+	}
+	if st.incomplete() {
+		st.mu.Unlock()
+		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	s.repairHead(ctx, st)
 	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.head), Generation: st.gen, LastSeq: st.genSeq}
@@ -86,26 +95,34 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 	if e != nil {
 		return OpenReply{}, e
 	}
+	if incompleteIn(msgs) { // a continuation that names an incomplete fork's snapshot
+		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
+	}
 	after := int64(0)
 	if req.After != nil {
 		after = *req.After
 	}
-	budget := s.opts.MaxPayload - replyReserve
-	metaJSON, _ := json.Marshal(rep.Meta)
-	used := int64(len(metaJSON)) + 256
+	// Every reply of the open carries the head (meta included): an entry goes inline if it
+	// fits beside it, else by reference; the first entry of a reply always fits, at worst
+	// by reference, so that each reply moves on.
+	m, size, ok := fitMeta(rep.Meta, s.opts.MaxPayload-openTail-openRefRoom-openHeadRoom)
+	if !ok {
+		return OpenReply{}, errorf(CodeUnavailable, "the metadata of %q (%d bytes) does not fit a reply", req.ID, size)
+	}
+	rep.Meta = m
+	budget := s.opts.MaxPayload - openTail
 	last := after
 	first := sort.Search(len(msgs), func(i int) bool { return msgs[i].Ordinal > after })
-	size := replySize(msgs[first:], budget)
 	var buf []byte
 	head, err := json.Marshal(rep.head())
-	if err == nil {
-		buf = make([]byte, 0, int64(len(head))+size+64)
-		buf = append(buf, head[:len(head)-1]...) // without its closing brace
-		buf = append(buf, `,"entries":[`...)
-	} else {
-		buf = make([]byte, 0, size) // replyJSON reports the error
+	if err != nil {
+		return OpenReply{}, errorf(CodeUnavailable, "open %q: %v", req.ID, err)
 	}
+	buf = make([]byte, 0, int64(len(head))+replySize(msgs[first:], budget)+64)
+	buf = append(buf, head[:len(head)-1]...) // without its closing brace
+	buf = append(buf, `,"entries":[`...)
 	start := len(buf)
+	inlineMax := budget - int64(start) - 1
 	for _, m := range msgs[first:] {
 		if m.Kind == mirror.KindHeader {
 			continue
@@ -128,7 +145,7 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 				line = []byte{}
 			}
 			buf, inlined = appendOpenEntry(buf, e, line)
-			if inlined && int64(len(buf)-sep) > budget-1024 {
+			if inlined && int64(len(buf)-sep) > inlineMax {
 				buf, inlined = buf[:sep], false
 			}
 		}
@@ -136,19 +153,16 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 			e.Size, e.SHA256 = lineSize(m), m.SHA256
 			buf, _ = appendOpenEntry(buf, e, nil)
 		}
-		if used+int64(len(buf)-mark) > budget && rep.count > 0 {
+		if int64(len(buf)) > budget && rep.count > 0 {
 			buf = buf[:mark]
 			rep.Next = &OpenNext{After: last}
 			break
 		}
-		used += int64(len(buf) - mark)
 		rep.count++
 		last = m.Ordinal
 	}
 	rep.entries = buf[start:]
-	if start > 0 {
-		rep.body = buf
-	}
+	rep.body = buf
 	return rep, nil
 }
 
@@ -181,6 +195,9 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 	if e != nil {
 		return PartReply{}, e
 	}
+	if incompleteIn(msgs) {
+		return PartReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
+	}
 	i := sort.Search(len(msgs), func(i int) bool { return msgs[i].Ordinal >= *req.Ordinal })
 	if i == len(msgs) || msgs[i].Ordinal != *req.Ordinal {
 		return PartReply{}, errorf(CodeNotFound, "entry at ordinal %d not found", *req.Ordinal)
@@ -198,7 +215,8 @@ func (s *Store) OpenPart(ctx context.Context, o mirror.Owner, req openReq) (Part
 	if req.Offset < 0 || req.Offset > int64(len(data)) {
 		return PartReply{}, errorf(CodeInvalid, "offset %d outside the entry's %d bytes", req.Offset, len(data))
 	}
-	end := min(req.Offset+PartSize, int64(len(data)))
+	// A part is at most PartSize, and less when its base64 would not fit max_payload.
+	end := min(req.Offset+min(PartSize, (s.opts.MaxPayload-1024)/4*3), int64(len(data)))
 	return PartReply{OK: true, Ordinal: m.Ordinal, Offset: req.Offset, Size: int64(len(data)),
 		Data: data[req.Offset:end], EOF: end == int64(len(data))}, nil
 }
@@ -281,77 +299,4 @@ func snapshotOf(msgs []mirror.Msg, gen int, last uint64) []mirror.Msg {
 	}
 	kept, _ = mirror.OrderByOrdinal(kept)
 	return kept
-}
-
-// listPage is the most conversations one list reply holds.
-const listPage = 500
-
-// List returns the metadata of the owner's conversations, newest first.
-func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, int, *Error) {
-	r := s.handles(o).reader
-	counts, err := r.Counts(ctx)
-	if err != nil {
-		return nil, 0, errorf(CodeUnavailable, "%v", err)
-	}
-	hl, err := r.ListHeads(ctx)
-	if err != nil {
-		return nil, 0, errorf(CodeUnavailable, "%v", err)
-	}
-	heads := map[string]mirror.Head{}
-	for _, h := range hl.Heads {
-		heads[h.ConvKey()] = h
-	}
-	var out []Meta
-	for key := range counts {
-		if h, ok := heads[key]; ok && h.Writer == mirror.WriterStore && h.CreatedAt != "" {
-			out = append(out, Meta{ID: h.Conversation, CreatedAt: h.CreatedAt, Cwd: h.Cwd, ParentSessionPath: h.ParentSession,
-				Metadata: h.Metadata, Path: h.Source, Writer: mirror.WriterStore, Generation: h.Generation,
-				Entries: h.Entries - 1, Head: headPtr(h.Head), LastSeq: h.LastSeq})
-			continue
-		}
-		c, err := mirror.NewConv(o, key)
-		if err != nil {
-			continue
-		}
-		st := s.conv(c)
-		if err := s.load(ctx, st, nil); err == nil && st.meta.createdAt != "" {
-			out = append(out, s.meta(st))
-		} else if err != nil && !errors.Is(err, errNoConv) {
-			s.log.Warn("list: conversation skipped", zapConv(st), zapErr(err))
-		}
-		st.mu.Unlock()
-	}
-	if req.Cwd != "" {
-		kept := out[:0]
-		for _, m := range out {
-			if m.Cwd == req.Cwd {
-				kept = append(kept, m)
-			}
-		}
-		out = kept
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := parseTime(out[i].CreatedAt), parseTime(out[j].CreatedAt)
-		if !a.Equal(b) {
-			return a.After(b)
-		}
-		return out[i].ID < out[j].ID
-	})
-	if req.Offset < 0 || req.Offset > len(out) {
-		return nil, 0, errorf(CodeInvalid, "offset %d of %d conversations", req.Offset, len(out))
-	}
-	out = out[req.Offset:]
-	next := 0
-	if len(out) > listPage {
-		out, next = out[:listPage], req.Offset+listPage
-	}
-	return out, next, nil
-}
-
-func parseTime(s string) time.Time {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}
-	}
-	return t
 }

@@ -27,6 +27,15 @@ const (
 	ReasonExists      = "exists"
 )
 
+// Reasons of too_large: what was above which limit.
+const (
+	ReasonEntry  = "entry"  // an entry above the entry limit
+	ReasonHeader = "header" // a header line above the header limit
+	// Per-owner quotas.
+	ReasonConversations = "conversations" // the owner has as many conversations as allowed
+	ReasonParts         = "parts"         // the owner has as many bytes waiting in parts as allowed
+)
+
 // Error is a failed request: the error object of a reply.
 type Error struct {
 	Code    string  `json:"code"`
@@ -54,6 +63,13 @@ func (e *Error) MarshalJSON() ([]byte, error) {
 
 func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// tooLarge is the too_large error of what (a size or a count) at n, above limit.
+func tooLarge(reason, what string, n, limit int64) *Error {
+	e := errorf(CodeTooLarge, "%s: %d, the limit is %d", what, n, limit)
+	e.Reason, e.Limit = reason, limit
+	return e
 }
 
 func conflict(reason string, head string, format string, args ...any) *Error {
@@ -98,6 +114,9 @@ type Meta struct {
 	Entries           int64           `json:"entries"`
 	Head              *string         `json:"head"`
 	LastSeq           uint64          `json:"lastSeq"`
+	// MetadataOmitted says that metadata was left out: with it the reply would not fit
+	// max_payload (a daemon-mirrored header can be of any size; create bounds it).
+	MetadataOmitted bool `json:"metadataOmitted,omitempty"`
 }
 
 type createReq struct {

@@ -40,13 +40,14 @@ type Service struct {
 	mu      sync.Mutex // orders wg.Add before Stop's wg.Wait
 	stopped bool
 	wg      sync.WaitGroup
+	swept   chan struct{} // closed when the sweep of expired parts has ended
 }
 
 // Serve registers the store as the micro service pisync-store on nc and answers until
 // Stop.
 func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	sv := &Service{ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxConcurrent)}
+	sv := &Service{ctx: ctx, cancel: cancel, sem: make(chan struct{}, maxConcurrent), swept: make(chan struct{})}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ProtocolVersion,
@@ -58,6 +59,10 @@ func (s *Store) Serve(nc *nats.Conn) (*Service, error) {
 		return nil, fmt.Errorf("add service %s: %w", ServiceName, err)
 	}
 	sv.svc = svc
+	go func() {
+		defer close(sv.swept)
+		s.sweepParts(ctx)
+	}()
 	for _, op := range Ops {
 		op := op
 		h := micro.HandlerFunc(func(r micro.Request) {
@@ -97,6 +102,7 @@ func (sv *Service) Stop() error {
 	sv.mu.Unlock()
 	sv.wg.Wait()
 	sv.cancel()
+	<-sv.swept
 	return err
 }
 
@@ -118,6 +124,24 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 	defer func() { later() }() // once the reply is sent: the head an append left to write
 	reply, e := s.dispatch(ctx, op, r, &later)
 	msg := &nats.Msg{Subject: r.Reply()}
+	if e == nil {
+		var err error
+		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
+			msg.Data, err = r.replyJSON() // encoded as it was built (open's entries)
+		} else {
+			msg.Data, err = json.Marshal(reply)
+		}
+		if err != nil {
+			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
+			e = errorf(CodeUnavailable, "%s: the reply could not be encoded", op)
+		} else if limit := nc.MaxPayload(); int64(len(msg.Data)) > limit {
+			// Sent, it would be refused by the connection and the client would wait for
+			// nothing: it is told instead, and it counts as the error it is.
+			s.log.Warn("reply above max_payload", zap.String("op", op), zap.String("subject", r.Subject()),
+				zap.Int("bytes", len(msg.Data)), zap.Int64("max_payload", limit))
+			e = errorf(CodeUnavailable, "%s: a reply of %d bytes, above max_payload (%d)", op, len(msg.Data), limit)
+		}
+	}
 	code := CodeOK
 	if e != nil {
 		code = e.Code
@@ -129,25 +153,14 @@ func (s *Store) handle(ctx context.Context, nc *nats.Conn, op string, r micro.Re
 		if e.Code == CodeUnavailable {
 			s.log.Warn("request failed", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("error", e.Message))
 		}
-	} else {
-		var err error
-		if r, ok := reply.(interface{ replyJSON() ([]byte, error) }); ok {
-			msg.Data, err = r.replyJSON() // encoded as it was built (open's entries)
-		} else {
-			msg.Data, err = json.Marshal(reply)
-		}
-		if err != nil {
-			s.log.Error("encode reply", zap.String("op", op), zap.Error(err))
-			return
-		}
-		if op == "append" {
-			s.m.appendLat.Observe(time.Since(start).Seconds())
-		}
+	} else if op == "append" {
+		s.m.appendLat.Observe(time.Since(start).Seconds())
 	}
 	// Counted before the reply leaves: a client that has its answer finds it in /metrics.
 	s.m.requests.WithLabelValues(op, code).Inc()
 	if err := nc.PublishMsg(msg); err != nil {
-		s.log.Debug("reply", zap.String("op", op), zap.Error(err))
+		s.m.unsent.WithLabelValues(op).Inc()
+		s.log.Warn("reply not sent", zap.String("op", op), zap.String("subject", r.Subject()), zap.String("code", code), zap.Error(err))
 	}
 }
 
@@ -202,6 +215,9 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 		if e := decode(&req); e != nil {
 			return nil, e
 		}
+		if e := needID(op, "id", req.ID); e != nil {
+			return nil, e
+		}
 		if req.Ordinal != nil {
 			return s.OpenPart(ctx, o, req)
 		}
@@ -209,6 +225,9 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 	case "append":
 		var req appendReq
 		if e := decode(&req); e != nil {
+			return nil, e
+		}
+		if e := needID(op, "id", req.ID); e != nil {
 			return nil, e
 		}
 		if req.Part != nil {
@@ -244,12 +263,23 @@ func (s *Store) dispatch(ctx context.Context, op string, r micro.Request, later 
 		if e := decode(&req); e != nil {
 			return nil, e
 		}
+		if e := needID(op, "id", req.ID); e != nil {
+			return nil, e
+		}
 		if e := s.Delete(ctx, o, req.ID); e != nil {
 			return nil, e
 		}
 		return okReply{"ok": true}, nil
 	}
 	return nil, errorf(CodeInvalid, "unknown operation %q", op)
+}
+
+// needID refuses a request that does not name its conversation.
+func needID(op, field, id string) *Error {
+	if id == "" {
+		return errorf(CodeInvalid, "%s: %s is required", op, field)
+	}
+	return nil
 }
 
 // parseExpected reads expectedHead: a string, or null for no head. It is required, so

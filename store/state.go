@@ -21,6 +21,7 @@ type entryRef struct {
 	seq     uint64
 	ordinal int64
 	sha     string
+	head    string // the head right after the entry, for a retried append's reply
 }
 
 // headerMeta is the conversation metadata read from its header line.
@@ -37,20 +38,23 @@ type conv struct {
 	c  mirror.Conv
 
 	loaded      bool
-	gen         int    // the generation served and extended
-	writer      string // mirror.WriterStore or "" (daemon)
-	subjSeq     uint64 // newest stream sequence on the subject, any generation
-	count       uint64 // messages of the subject read or published, any generation (load)
-	refused     bool   // a publish found the subject's last sequence past subjSeq (load)
-	genSeq      uint64 // newest stream sequence of gen
-	lastOrdinal int64  // highest ordinal of gen (-1: none)
-	head        string // Pi's leaf after the last line ("" = null)
+	gen         int       // the generation served and extended
+	writer      string    // mirror.WriterStore or "" (daemon)
+	subjSeq     uint64    // newest stream sequence on the subject, any generation
+	count       uint64    // messages of the subject read or published, any generation (load)
+	refused     bool      // a publish found the subject's last sequence past subjSeq (load)
+	genSeq      uint64    // newest stream sequence of gen
+	genTime     time.Time // when the message at genSeq was stored (about)
+	lastOrdinal int64     // highest ordinal of gen (-1: none)
+	head        string    // Pi's leaf after the last line ("" = null)
 	ids         map[string]entryRef
 	entries     int64 // entry lines of gen, header excluded
 	meta        headerMeta
 	source      string // Pisync-Source of the header
 	headerSHA   string
 	headerSeq   uint64
+	fork        *forkMark // the header's mark when the conversation is a fork
+	headerDup   bool      // a header publish was a duplicate of a message the stream lacks
 
 	kvRev     uint64      // revision of the head we last read or wrote (0: none)
 	kvHead    mirror.Head // that head
@@ -66,8 +70,9 @@ type conv struct {
 type scanned struct {
 	mirror.Line
 	seq      uint64
-	targetID string // leaf entries
-	data     []byte // header lines only
+	at       time.Time // stored at
+	targetID string    // leaf entries
+	data     []byte    // header lines only
 }
 
 // errNoConv is returned by load for a conversation with no message in the stream.
@@ -132,7 +137,7 @@ func (s *Store) load(ctx context.Context, c *conv, out *loadOut) error {
 
 // scanOne is what load keeps of one message it read.
 func scanOne(m mirror.Msg) scanned {
-	sc := scanned{Line: m.Line, seq: m.Seq}
+	sc := scanned{Line: m.Line, seq: m.Seq, at: m.Time}
 	switch {
 	case m.Kind == mirror.KindHeader:
 		sc.data = m.Data
@@ -234,6 +239,7 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 	}
 	c.gen, c.subjSeq, c.count, c.genSeq, c.lastOrdinal, c.head = gen, 0, uint64(len(msgs)), 0, -1, ""
 	c.ids, c.entries, c.meta, c.source, c.headerSHA, c.headerSeq = map[string]entryRef{}, 0, headerMeta{}, "", "", 0
+	c.fork = nil
 	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
 	for _, m := range msgs {
 		c.subjSeq = max(c.subjSeq, m.seq)
@@ -247,9 +253,13 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 
 // apply advances c past one message of its generation.
 func (c *conv) apply(m scanned) {
+	if m.seq >= c.genSeq {
+		c.genTime = m.at
+	}
 	c.genSeq = max(c.genSeq, m.seq)
 	if m.Kind == mirror.KindHeader {
 		c.headerSHA, c.headerSeq, c.source = m.SHA256, m.seq, m.Source
+		c.fork = parseForkMark(m.Fork)
 		if hm, err := parseHeaderMeta(m.data); err == nil {
 			c.meta = hm
 		}
@@ -260,7 +270,14 @@ func (c *conv) apply(m scanned) {
 		return // a second copy of a line (the reader drops those too)
 	}
 	if m.Kind != mirror.KindRaw {
-		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256}
+		after := m.EntryID
+		switch {
+		case m.Format == string(session.FormatV1):
+			after = c.head
+		case m.EntryType == "leaf":
+			after = m.targetID
+		}
+		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256, head: after}
 		c.entries++
 	}
 	if m.Ordinal <= c.lastOrdinal {
@@ -276,6 +293,10 @@ func (c *conv) apply(m scanned) {
 		c.head = m.EntryID
 	}
 }
+
+// incomplete reports whether c is a fork whose copy has not completed: no reader may see
+// it, and only the fork request that made it continues it.
+func (c *conv) incomplete() bool { return c.fork != nil && c.entries < c.fork.Entries }
 
 // parseHeaderMeta reads the metadata of a header line.
 func parseHeaderMeta(line []byte) (headerMeta, error) {
@@ -415,6 +436,11 @@ func (s *Store) repairHead(ctx context.Context, c *conv) {
 		return // not the store's, or being written by the request of an append
 	}
 	if c.kvHasHead && c.kvHead.Generation == c.gen && c.kvHead.LastSeq >= c.genSeq && c.kvHead.Head == c.head {
+		return
+	}
+	if time.Since(c.genTime) < s.opts.HeadRepairGrace {
+		// Most likely the replica that stored it writes the head after its reply: left to
+		// it, so that a repair means what it says (a replica stopped before its head).
 		return
 	}
 	if err := s.saveHead(ctx, c); err != nil {

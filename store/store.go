@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -16,9 +18,23 @@ type Options struct {
 	BlobThreshold int64  // lines above go to the object store (default 512 KiB, §2)
 	MaxEntryBytes int64  // largest entry accepted (default 64 MiB)
 	MaxPayload    int64  // the server's max_payload (default 1 MiB)
-	MaxConvs      int    // conversations whose state a replica caches (default 10,000)
-	Logger        *zap.Logger
-	Metrics       *Metrics // nil: counted on metrics registered nowhere
+	// MaxHeaderBytes bounds a header line (metadata, cwd, parentSession): every reply
+	// that carries a conversation's metadata must fit max_payload (default 64 KiB).
+	MaxHeaderBytes int64
+	MaxConvs       int // conversations whose state a replica caches (default 10,000)
+	// HeadRepairGrace is how old the newest entry of a conversation whose head is behind
+	// must be before a replica repairs the head: younger, the replica that stored it is
+	// most likely writing it after its reply (default 5 s).
+	HeadRepairGrace time.Duration
+	// Per-owner quotas: conversations (default 100,000), and bytes of uploaded parts
+	// waiting for their append on one replica (default 256 MiB). Negative: none.
+	MaxConversations int
+	MaxPartBytes     int64
+	// PartTTL is how long an uploaded part waits for its append before it is deleted
+	// (default 1 h); every PartSweep (default 10 min) a replica deletes those older.
+	PartTTL, PartSweep time.Duration
+	Logger             *zap.Logger
+	Metrics            *Metrics // nil: counted on metrics registered nowhere
 }
 
 // Store is the session store of DESIGN §8 over the mirror. It holds no state of its own
@@ -34,10 +50,22 @@ type Store struct {
 	log   *zap.Logger
 	m     *Metrics
 
+	// faults, set by tests only (export_test.go), stand for a replica dying or JetStream
+	// failing at a chosen step.
+	faults faults
+
 	mu     sync.Mutex
 	owners map[string]*ownerHandles // tenant.owner tokens → reader and writer
 	convs  map[string]*conv         // head key → state
 	opened *openCache
+	parts  *partLedger
+	counts ownerCounts
+}
+
+// faults are the steps a test can make fail. A nil func never fails.
+type faults struct {
+	// forkCopy is called before the copy of the n-th entry (0-based) of a fork.
+	forkCopy atomic.Pointer[func(n int) error]
 }
 
 type ownerHandles struct {
@@ -59,6 +87,24 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	if opts.MaxPayload <= 0 {
 		opts.MaxPayload = 1 << 20
 	}
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = 64 << 10
+	}
+	if opts.HeadRepairGrace <= 0 {
+		opts.HeadRepairGrace = 5 * time.Second
+	}
+	if opts.MaxConversations == 0 {
+		opts.MaxConversations = 100_000
+	}
+	if opts.MaxPartBytes == 0 {
+		opts.MaxPartBytes = 256 << 20
+	}
+	if opts.PartTTL <= 0 {
+		opts.PartTTL = time.Hour
+	}
+	if opts.PartSweep <= 0 {
+		opts.PartSweep = 10 * time.Minute
+	}
 	if opts.MaxConvs <= 0 {
 		opts.MaxConvs = 10000
 	}
@@ -74,7 +120,8 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 	}
 	kv, obj := bound.Heads, bound.Blobs
 	return &Store{js: js, names: names, bound: bound, kv: kv, obj: obj, opts: opts, log: opts.Logger, m: opts.Metrics,
-		owners: map[string]*ownerHandles{}, convs: map[string]*conv{}, opened: newOpenCache(64 << 20)}, nil
+		owners: map[string]*ownerHandles{}, convs: map[string]*conv{}, opened: newOpenCache(64 << 20),
+		parts: newPartLedger(), counts: ownerCounts{n: map[string]ownerCount{}}}, nil
 }
 
 // handles returns the mirror reader and writer of an owner, binding them on first use.

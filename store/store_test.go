@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/session"
@@ -229,7 +230,10 @@ func TestReplicasRaceNeverBothExtend(t *testing.T) {
 // A serve stopped between its publish and its head update leaves the head behind the
 // stream; the next open and append work from the stream and repair the head.
 func TestHeadRepairedAfterPublishWithoutHead(t *testing.T) {
-	e := newEnv(t, 1, store.Options{})
+	// No grace: the entry below is known to be a dead replica's, not one whose head is
+	// being written.
+	opts := store.Options{HeadRepairGrace: time.Nanosecond}
+	e := newEnv(t, 1, opts)
 	e.create("alice", "conv1")
 	e.mustAppend("alice", "conv1", "", entryLine("a1b2c3d4", "", "x"))
 	before := e.kvHead("alice", "conv1")
@@ -245,7 +249,7 @@ func TestHeadRepairedAfterPublishWithoutHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A fresh replica (no cache) and the old one both see the stream.
-	e.addReplica(store.Options{})
+	e.addReplica(opts)
 	for i := 0; i < 2; i++ {
 		r := e.req("alice", "open", map[string]any{"id": "conv1"})
 		if r.Head == nil || *r.Head != "b2c3d4e5" {

@@ -34,6 +34,10 @@ type serveFlags struct {
 	dupWindow     time.Duration
 	blobThreshold int64
 	maxEntryBytes int64
+	maxHeader     int64
+	maxConvs      int
+	maxPartBytes  int64
+	partTTL       time.Duration
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -47,6 +51,10 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.dupWindow, "duplicate-window", mirror.DefaultDuplicateWindow, "JetStream duplicate window when provisioning")
 	fs.Int64Var(&f.blobThreshold, "blob-threshold", 512<<10, "entries above this many bytes go to the object store")
 	fs.Int64Var(&f.maxEntryBytes, "max-entry-bytes", 64<<20, "entries above this many bytes are refused (too_large)")
+	fs.Int64Var(&f.maxHeader, "max-header-bytes", 64<<10, "header lines (metadata, cwd, parentSession) above this many bytes are refused (too_large)")
+	fs.IntVar(&f.maxConvs, "max-conversations", 100_000, "conversations one owner may have; more are refused (too_large; negative: no limit)")
+	fs.Int64Var(&f.maxPartBytes, "max-part-bytes", 256<<20, "bytes of uploaded parts one owner may have waiting for their append on a replica (negative: no limit)")
+	fs.DurationVar(&f.partTTL, "part-ttl", time.Hour, "uploaded parts no append used are deleted after this long")
 }
 
 // ServeCommand runs the session store (DESIGN §8, docs/store-protocol.md) until ctx ends.
@@ -127,7 +135,8 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		var err error
 		st, err = store.New(ctx, js, names, store.Options{Host: f.host, BlobThreshold: f.blobThreshold,
-			MaxEntryBytes: f.maxEntryBytes, MaxPayload: nc.MaxPayload(), Logger: log.Named("store"), Metrics: sm})
+			MaxEntryBytes: f.maxEntryBytes, MaxHeaderBytes: f.maxHeader, MaxPayload: nc.MaxPayload(),
+			MaxConversations: f.maxConvs, MaxPartBytes: f.maxPartBytes, PartTTL: f.partTTL, Logger: log.Named("store"), Metrics: sm})
 		return err
 	}); err != nil {
 		if ctx.Err() != nil {

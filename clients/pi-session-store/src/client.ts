@@ -99,18 +99,29 @@ export class StoreClient implements Appender {
 
   async append(id: string, _entryId: string, line: string, expectedHead: string | null): Promise<string | null> {
     const bytes = Buffer.from(line, "utf8");
+    const { inline, part } = this.limits();
     let reply: AppendReply;
-    if (bytes.length <= InlineLimit) {
+    if (bytes.length <= inline) {
       reply = await this.call<AppendReply>("append", { id, expectedHead, line });
     } else {
       const sha256 = createHash("sha256").update(bytes).digest("hex");
-      for (let offset = 0; offset < bytes.length; offset += PartSize) {
-        const data = bytes.subarray(offset, offset + PartSize).toString("base64");
+      for (let offset = 0; offset < bytes.length; offset += part) {
+        const data = bytes.subarray(offset, offset + part).toString("base64");
         await this.call<UploadReply>("append", { id, part: { sha256, size: bytes.length, offset, data } });
       }
       reply = await this.call<AppendReply>("append", { id, expectedHead, blob: { sha256, size: bytes.length } });
     }
     return reply.head;
+  }
+
+  /**
+   * limits are the largest line sent inline and the largest part uploaded, for the
+   * server's max_payload: a line's JSON string can be twice its bytes (quotes escaped),
+   * a part's base64 is four thirds of it, and the request has its other fields.
+   */
+  private limits(): { inline: number; part: number } {
+    const room = (this.nc.info?.max_payload ?? 1024 * 1024) - 4096;
+    return { inline: Math.min(InlineLimit, Math.floor(room / 2)), part: Math.min(PartSize, Math.floor(room / 4) * 3) };
   }
 
   /**

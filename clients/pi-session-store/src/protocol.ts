@@ -19,6 +19,8 @@ export interface WireMeta {
   entries?: number;
   head?: string | null;
   lastSeq?: number;
+  /** metadata was left out: the reply could not carry it (a huge daemon-mirrored header). */
+  metadataOmitted?: boolean;
 }
 
 /** WireError is `error` of a failed reply. */
@@ -83,10 +85,10 @@ export interface UploadReply extends Reply {
   received: number;
 }
 
-/** PartSize is the most decoded bytes one upload part carries. */
+/** PartSize is the most decoded bytes one upload part carries (less under a small max_payload). */
 export const PartSize = 512 * 1024;
 
-/** InlineLimit is the largest line (UTF-8 bytes) sent inline in an append. */
+/** InlineLimit is the largest line (UTF-8 bytes) sent inline in an append (less under a small max_payload). */
 export const InlineLimit = 512 * 1024;
 
 /**

@@ -8,7 +8,6 @@ import {
 } from "@earendil-works/pi-agent-core";
 import { connect, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { StoreClient, type ClientOptions } from "./client.js";
-import { StoreConflictError } from "./errors.js";
 import type { NatsSessionCreateOptions, NatsSessionListOptions, NatsSessionMetadata } from "./metadata.js";
 import type { CreateReply, ListReply, WireMeta } from "./protocol.js";
 import { NatsSessionStorage } from "./storage.js";
@@ -121,21 +120,12 @@ export class NatsSessionRepo implements SessionRepo<NatsSessionMetadata, NatsSes
       request.entryId = options.entryId;
       request.position = options.position ?? "before";
     }
-    const target = this.metadata({ id, createdAt: "", cwd: options.cwd, path: "" });
-    try {
-      await store.call<CreateReply>("fork", request);
-    } catch (err) {
-      // A fork is not idempotent in the store: when an attempt got no reply, the retry finds
-      // the fork made. It is ours if its header is the one we sent.
-      if (!(err instanceof StoreConflictError && err.afterNoReply && err.reason === "exists")) throw err;
-      const made = await this.open(target);
-      const m = await made.getMetadata();
-      const again = headerLine(id, { cwd: m.cwd, parentSessionPath: m.parentSessionPath, metadata: m.metadata }, m.createdAt);
-      if (again !== line) throw err;
-      return made;
-    }
+    // The store answers ok only once the fork holds every entry it copies, the same
+    // request again included (after a lost reply it completes or finds the fork made).
+    // A conflict is another conversation under that id: it is never taken for this fork.
+    await store.call<CreateReply>("fork", request);
     // The fork's entries are read back: the index must hold exactly what the store holds.
-    return this.open(target);
+    return this.open(this.metadata({ id, createdAt: "", cwd: options.cwd, path: "" }));
   }
 
   private session(store: StoreClient, wire: WireMeta, entries: SessionTreeEntry[], head: string | null): Session<NatsSessionMetadata> {

@@ -79,7 +79,7 @@ export class Store {
    * owners (password `<name>-secret`), fenced as docs/store-protocol.md says: requests only
    * on pisync.store.t1.<name>.>, replies only on _INBOX.t1.<name>.>.
    */
-  static async start(options: { auth?: { owners: string[] } } = {}): Promise<Store> {
+  static async start(options: { auth?: { owners: string[] }; maxPayload?: number } = {}): Promise<Store> {
     const bin = binaries();
     const dir = mkdtempSync(join(tmpdir(), "pi-session-store-"));
     const port = await freePort();
@@ -94,6 +94,11 @@ export class Store {
         `listen: "127.0.0.1:${port}"\njetstream { store_dir: "${join(dir, "js")}" }\n` +
           `accounts { T1 { jetstream: enabled, users: [ { user: ${Store.serveUser.user}, password: ${Store.serveUser.pass} }, ${owners.join(", ")} ] } }\n`,
       );
+      args = ["-c", conf];
+    } else if (options.maxPayload !== undefined) {
+      // max_payload has no command-line flag: a configuration file sets it.
+      const conf = join(dir, "nats.conf");
+      writeFileSync(conf, `listen: "127.0.0.1:${port}"\njetstream { store_dir: "${join(dir, "js")}" }\nmax_payload: ${options.maxPayload}\n`);
       args = ["-c", conf];
     }
     const nats = new Proc("nats-server", spawn(bin.natsServer, args));

@@ -7,6 +7,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, test } from "node:test";
 import { JsonlSessionRepo, type Session } from "@earendil-works/pi-agent-core";
 import { NodeExecutionEnv } from "@earendil-works/pi-agent-core/node";
@@ -303,5 +304,50 @@ describe("NatsSessionStorage", () => {
     } finally {
       await nc.close();
     }
+  });
+});
+
+describe("fork across a replica killed mid-copy", () => {
+  test("the fork the client returns is complete: the retry resumes the copy the killed replica left", async () => {
+    const r = repo();
+    const s = await r.create({ cwd: "/home/dev/kill-fork" });
+    const ids: string[] = [];
+    for (let i = 0; i < 2500; i++) ids.push(await s.appendMessage(user(`entry ${i}`)));
+    const meta = await s.getMetadata();
+    // How long a whole fork takes here: the replicas are killed halfway through the next.
+    const t0 = Date.now();
+    await r.fork(meta, { cwd: "/home/dev/kill-fork" });
+    const half = Math.max(1, (Date.now() - t0) / 2);
+    const forking = r.fork(meta, { cwd: "/home/dev/kill-fork" });
+    await sleep(half);
+    for (const p of store.serveProcesses) await p.kill("SIGKILL");
+    await store.startServe();
+    const fork = await forking;
+    assert.deepEqual((await fork.getEntries()).map((e) => e.id), ids);
+    const forkId = (await fork.getMetadata()).id;
+    const listed = (await r.list()).find((m) => m.id === forkId);
+    assert.ok(listed, "the completed fork is listed");
+  });
+});
+
+describe("a server with a small max_payload", () => {
+  let small: Store;
+  before(async () => {
+    small = await Store.start({ maxPayload: 256 * 1024 });
+  });
+  after(async () => {
+    await small?.stop();
+  });
+
+  test("entries above it, and below the 512 KiB of a default part, are appended and read back", async () => {
+    const r = new NatsSessionRepo({ servers: small.url, tenant: "t1", owner: `owner-${randomUUID().slice(0, 8)}`, timeoutMs: 3000 });
+    repos.push(r);
+    const s = await r.create({ cwd: "/home/dev/small" });
+    const texts = ["x".repeat(200 * 1024), "y".repeat(300 * 1024), "z".repeat(700 * 1024)];
+    const ids: string[] = [];
+    for (const t of texts) ids.push(await s.appendMessage(user(t)));
+    const reopened = await r.open(await s.getMetadata());
+    assert.deepEqual(await reopened.getEntries(), JSON.parse(JSON.stringify(await s.getEntries())));
+    assert.deepEqual((await reopened.getEntries()).map((e) => e.id), ids);
   });
 });
