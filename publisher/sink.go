@@ -86,45 +86,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 
 	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))
-	if found && rec.HeaderSHA != hdrSHA {
-		found = false // the inode was reused by another file
-	}
-	if found && (old == nil || old.skipped) && (rec.Root != f.Root || rec.Rel != f.Rel) && p.replacedAtPath(f, hdr.ID) {
-		// The inode was reused by a file of the same session (a copy) that replaced
-		// another one at its path while the daemon was stopped, not moved here: the
-		// record is its former file's. The path keeps its key (recordedClashKey, or the
-		// plain id from claimKey), and the file is compared with the mirror (torture T26).
-		log.Info("the checkpoint of this file's inode names another path, and the file replaced one of its session here; comparing it with the mirror",
-			zap.String("checkpoint_path", rec.Rel))
-		found = false
-	}
-	// After a rewrite the checkpoint's frontier proves nothing about the lines before it:
-	// the whole file is compared with the mirror instead.
-	rewritten := why == watcher.Truncated || why == watcher.Replaced || why == watcher.Rechecked
-	key := hdr.ID
-	if k := reopenedKey(old, f, why, hdr.ID); k != "" {
-		key = k
-	} else if replacedKey != "" {
-		// The replacement of a file that carried this id: one path, one key (a clash
-		// key stays a clash key, or two keys would name the path: torture T3).
-		key = replacedKey
-	} else if found && rec.ConvKey != "" {
-		key = rec.ConvKey
-	} else if prev, ok := p.recordedClashKey(f, hdr.ID); ok {
-		// The replacement of a file the daemon did not see replaced (stopped, or killed
-		// before the new file's checkpoint): it keeps the replaced file's key (T3).
-		key = prev
-	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
-		// Still a clash, reported at every start as when it is first found.
-		p.mu.Lock()
-		p.clashesSeen[key] = true
-		p.mu.Unlock()
-		p.m.clashes.Inc()
-		log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
-			zap.String("conversation", key), zap.String("key", prev))
-		key = prev
-	}
-	key = p.claimKey(f, hdr.ID, key, log)
+	kc := p.openKey(ctx, f, why, old, hdr.ID, replacedKey, rec, found, hdrSHA, log)
+	key := p.claimKey(f, hdr.ID, kc.key, log)
 	conv, err := mirror.NewConv(p.opts.Owner, key)
 	if err != nil {
 		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
@@ -132,31 +95,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size,
 		mtime: f.MTime, headerAt: lead.HeaderAt}
-	start := watcher.Start{}
-	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
-		ok, err := verifyLastLine(f.Path, rec)
-		if err != nil {
-			return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
-		}
-		switch {
-		case ok && rec.Unsettled:
-			// Stopped while the watcher's settled check of a change was pending: a rewrite
-			// that kept the last line may lie under the checkpoint (torture T13).
-			log.Info("the daemon stopped before a change of this file was checked; comparing it with the mirror")
-		case ok && rec.MTime != 0 && rec.MTime != f.MTime && f.Size == rec.Offset:
-			// Written while no watcher ran, and no longer (an earlier line rewritten the
-			// same size, the last line kept): compared whole, not trusted. A file that grew
-			// is resumed and the watcher has it compared (Rechecked) once it is quiet.
-			log.Info("file written since its checkpoint; comparing it with the mirror")
-		case ok:
-			st.acked = frontierOf(rec)
-			st.headSeq, st.recordedHeadSeq = rec.HeadSeq, rec.HeadSeq
-			st.leaf.Set(rec.Leaf)
-			start = watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}
-		default:
-			p.m.rewrites.WithLabelValues("changed").Inc()
-			log.Info("file changed under its checkpoint; comparing it with the mirror")
-		}
+	start, err := p.openStart(f, why, rec, kc.record, st, log)
+	if err != nil {
+		return watcher.Start{}, err
 	}
 	// A file the checkpoint proves acknowledged costs the mirror no question, so that a
 	// start costs O(changed files).
@@ -175,7 +116,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// (or missing) until the file grows again.
 		st.headDirty = true
 	}
-	movedWhileAway := found && (rec.Root != f.Root || rec.Rel != f.Rel)
+	movedWhileAway := kc.record && (rec.Root != f.Root || rec.Rel != f.Rel)
 	if (old != nil && old.file.Path != f.Path || movedWhileAway) && st.acked.StreamSeq > 0 {
 		// Moved (seen, or while no daemon ran: found by its checkpoint at another path):
 		// the head and the checkpoint name the old path until the file grows again, and
@@ -200,15 +141,88 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	if st.headDirty {
 		p.noteDirty(st)
 	}
-	p.trackShrink(st, rec, found)
+	p.trackShrink(st, rec, kc.record)
 	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
 		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", st.held.size()))
 	return start, nil
 }
 
+// openKey picks the key f mirrors under (chooseKey), before its claim: it gathers the
+// facts, looks up the costly ones only when the decision asks for them, and acts on the
+// choice (a log line, the report of a clash still there).
+func (p *Publisher) openKey(ctx context.Context, f watcher.File, why watcher.OpenReason, old *fileState, id, replacedKey string,
+	rec checkpoint.Record, found bool, hdrSHA string, log *zap.Logger) keyChoice {
+	k := keyFacts{id: id, reopened: reopenedKey(old, f, why, id), replaced: replacedKey, known: old != nil && !old.skipped,
+		record: found, recordHeader: rec.HeaderSHA == hdrSHA, recordHere: rec.Root == f.Root && rec.Rel == f.Rel,
+		recordKey: rec.ConvKey}
+	logged := false
+	for {
+		c := chooseKey(k)
+		if c.reusedHere && !logged {
+			logged = true
+			log.Info("the checkpoint of this file's inode names another path, and the file replaced one of its session here; comparing it with the mirror",
+				zap.String("checkpoint_path", rec.Rel))
+		}
+		switch c.need {
+		case needReplacedHere:
+			k.replacedHere = answer("", p.replacedAtPath(f, id))
+			continue
+		case needRecorded:
+			k.recorded = answer(p.recordedClashKey(f, id))
+			continue
+		case needPrevious:
+			k.previous = answer(p.previousClashKey(ctx, f, id))
+			continue
+		}
+		if c.why == keyPrevious {
+			p.mu.Lock()
+			p.clashesSeen[id] = true
+			p.mu.Unlock()
+			p.m.clashes.Inc()
+			log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
+				zap.String("conversation", id), zap.String("key", c.key))
+		}
+		return c
+	}
+}
+
+// openStart decides where f starts (chooseStart), reading the record's last line only
+// when the decision asks for it, and gives st the record's frontier when f resumes from it.
+func (p *Publisher) openStart(f watcher.File, why watcher.OpenReason, rec checkpoint.Record, record bool, st *fileState,
+	log *zap.Logger) (watcher.Start, error) {
+	s := startFacts{record: record, why: why, deleted: rec.Deleted, offset: rec.Offset, unsettled: rec.Unsettled,
+		recMTime: rec.MTime, size: f.Size, mtime: f.MTime}
+	for {
+		c := chooseStart(s)
+		if c.needLastLine {
+			ok, err := verifyLastLine(f.Path, rec)
+			if err != nil {
+				return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
+			}
+			s.lastLine = answer("", ok)
+			continue
+		}
+		switch c.why {
+		case startUnsettled:
+			log.Info("the daemon stopped before a change of this file was checked; comparing it with the mirror")
+		case startWrittenSince:
+			log.Info("file written since its checkpoint; comparing it with the mirror")
+		case startChanged:
+			p.m.rewrites.WithLabelValues("changed").Inc()
+			log.Info("file changed under its checkpoint; comparing it with the mirror")
+		case startCheckpoint:
+			st.acked = frontierOf(rec)
+			st.headSeq, st.recordedHeadSeq = rec.HeadSeq, rec.HeadSeq
+			st.leaf.Set(rec.Leaf)
+			return watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}, nil
+		}
+		return watcher.Start{}, nil
+	}
+}
+
 // claimKey returns the key this file mirrors under: the conversation id, unless another
 // local file already carries it (a copied session), in which case a key derived from this
-// file's path, so that neither overwrites the other.
+// file's path (contestedKey), so that neither overwrites the other (chooseClaim decides).
 //
 // A claim stays live from the moment its file claims it, through the rest of its Open
 // (resume can take a while, and its state is registered only at the end), for as long
@@ -220,50 +234,33 @@ func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) st
 	for {
 		p.mu.Lock()
 		owner, taken := p.byConv[key]
-		if !taken || owner == f.ID {
-			p.claimLocked(f, key)
-			p.mu.Unlock()
-			return key
-		}
-		// An Open in progress keeps the key it claimed; not one claimed under its inode
-		// number by a file that number belonged to before (torture T28).
-		other, live := p.files[owner], p.opening[owner] > 0 && p.openingKeys[owner] == key
+		c := claimFacts{taken: taken, self: owner == f.ID, openingIt: p.opening[owner] > 0 && p.openingKeys[owner] == key}
+		other := p.files[owner]
 		var otherFile watcher.File
-		if !live && other != nil {
+		if taken && !c.self && !c.openingIt && other != nil {
 			other.mu.Lock()
-			live = other.conv.Key == key && !other.gone && !other.skipped
+			c.stateHolds = other.conv.Key == key && !other.gone && !other.skipped
 			otherFile = other.file
 			other.mu.Unlock()
-			if live {
-				// The claim is stale when its file is no longer at its path, or when its
-				// inode number now belongs to another session (inode numbers are reused
-				// quickly after a rewrite): the watcher reports Gone only later.
-				p.mu.Unlock()
-				gone := vanished(otherFile)
-				p.mu.Lock()
-				if p.byConv[key] != owner || p.files[owner] != other {
-					p.mu.Unlock()
-					continue // changed while we looked: decide again
-				}
-				live = !gone
-			}
 		}
-		if !live {
+		choice := chooseClaim(c)
+		if choice.needVanished {
+			p.mu.Unlock()
+			gone := vanished(otherFile)
+			p.mu.Lock()
+			if p.byConv[key] != owner || p.files[owner] != other {
+				p.mu.Unlock()
+				continue // changed while we looked: decide again
+			}
+			c.vanished = answer("", gone)
+			choice = chooseClaim(c)
+		}
+		if choice.take {
 			p.claimLocked(f, key)
 			p.mu.Unlock()
 			return key
 		}
-		// The key derived from the session id and this file's path, also when the key
-		// contested is a clash key (one a moved file kept, another file given it for its
-		// lines): a key derived from a clash key is found again by no one after the state
-		// directory is lost (previousClashKey and movedClashKey look at the id's own clash
-		// keys), and the file then took another key while its old head kept naming its
-		// path (torture T27). Only a file whose own derived key is contested (its path's
-		// former file moved and kept it) derives from that.
-		alt := clashKey(id, f)
-		if alt == key {
-			alt = clashKey(key, f)
-		}
+		alt := contestedKey(id, key, f)
 		p.claimLocked(f, alt)
 		p.clashesSeen[id] = true
 		p.mu.Unlock()
