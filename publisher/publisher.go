@@ -101,6 +101,8 @@ type Publisher struct {
 	dirtyCP   map[*fileState]struct{}
 	dirtyHead map[*fileState]struct{}
 
+	// mu guards the maps below. The order in which the publisher's mutexes may be taken
+	// is in locksordering.txt.
 	mu     sync.Mutex
 	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
