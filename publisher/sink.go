@@ -122,6 +122,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// names the file's path.
 		st.headDirty, st.cpDirty = true, true
 	}
+	// Read before the state is registered: from then on other goroutines change it under
+	// its mutex (locksordering.txt).
+	headDirty, gen, held := st.headDirty, st.acked.Generation, st.held.size()
 	p.mu.Lock()
 	if prev := p.files[f.ID]; prev != nil {
 		p.drop(prev) // reopened: the old path of a move, the old key of a rewrite go
@@ -136,12 +139,12 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		log.Warn("two local files carry one conversation id; each keeps the key it had",
 			zap.String("conversation", hdr.ID), zap.String("key", key), zap.String("other", other))
 	}
-	if st.headDirty {
+	if headDirty {
 		p.noteDirty(st)
 	}
 	p.trackShrink(st, rec, kc.record)
-	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
-		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", st.held.size()))
+	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", gen),
+		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", held))
 	return start, nil
 }
 
