@@ -167,7 +167,7 @@ func sameSession(old *fileState, f watcher.File, id string) bool {
 // another registered file that carries st's conversation id when this process has not
 // reported that id's clash yet (then it counts as reported). After a restart both files
 // of a clash get their keys back from their checkpoints, and no claim is contested: the
-// clash is still reported, once per process (torture T8). The caller holds p.mu.
+// clash is still reported (DESIGN §3.9), once per process. The caller holds p.mu.
 func (p *Publisher) keptClashLocked(st *fileState) string {
 	id := st.id
 	if st.conv.Key != id {
@@ -233,7 +233,8 @@ func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key st
 	case err == nil && p.headNames(h, f):
 		return alt, true
 	}
-	// The file may have moved since it got its clash key (torture T15).
+	// The file may have moved since it got its clash key: the key derived from its path
+	// is then another.
 	return p.movedClashKey(ctx, f, key, alt)
 }
 
@@ -244,12 +245,12 @@ func (p *Publisher) headNames(h mirror.Head, f watcher.File) bool {
 
 // mirroredWithoutHead tells whether conversation c, which has no head, holds lines this
 // host mirrored from a file at f's path: a daemon killed after it gave f its clash key
-// and before its first head flush, then started without its state directory, must give
-// f that key again, or f takes another and two keys hold its lines (torture T3, seed
-// 410889947860). The key is derived from f's root and path, so a line of this host from
-// f's relative path is the evidence. It asks the mirror only when the owner's view counts
-// messages under the key (rare: most files opened without a checkpoint have no clash
-// key), then reads one message's headers.
+// and before its first head flush, then started without its state directory, must give f
+// that key again, or f takes another and two keys hold its lines (and recover finds two
+// conversations for one path). The key is derived from f's root and path, so a line of
+// this host from f's relative path is the evidence. It asks the mirror only when the
+// owner's view counts messages under the key (rare: most files opened without a
+// checkpoint have no clash key), then reads one message's headers.
 func (p *Publisher) mirroredWithoutHead(ctx context.Context, c mirror.Conv, f watcher.File) bool {
 	counts, _, ok := p.view.get(ctx, p)
 	if !ok || counts[c.Key] == 0 {

@@ -23,10 +23,10 @@ import (
 // local file with the newest mirrored generation, and starts a new generation if any
 // mirrored line changed or vanished, or the generation holds a line twice.
 //
-// Memory does not grow with the file (issue 13 item 9): a first pass over the messages'
-// headers learns the newest generation, its extent and how far out of ordinal order it
-// was stored, keeping nothing per line; the comparison and then the lines the publisher
-// must not send again are read in ordinal order through a window (heldWindow).
+// Memory does not grow with the file: a first pass over the messages' headers learns the
+// newest generation, its extent and how far out of ordinal order it was stored, keeping
+// nothing per line; the comparison and then the lines the publisher must not send again
+// are read in ordinal order through a window (heldWindow).
 func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
 		past, err := p.pastCheckpoint(ctx, st)
@@ -47,7 +47,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 				// acknowledged (a line below it stored late: a repeated entry id or a
 				// reconciliation sent it again after the lines behind it). Read from the
 				// sequence on, they would be missing from what the mirror holds, and sent
-				// again (torture T25).
+				// again: stored twice once the duplicate window has passed.
 				before = true
 			case !newerGen:
 				// Lines acknowledged past the checkpoint (the daemon died before
@@ -117,8 +117,8 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	}
 	// A generation that holds a line twice is not kept: the comparison reads the first
 	// copy of each line and finds the file equal, and the second copies would stay in the
-	// newest generation for good (torture T25). A new one costs a publish of the file
-	// again. The session store's generation is left as it is (it is the store's to write).
+	// newest generation for good. A new one costs a publish of the file again. The
+	// session store's generation is left as it is (it is the store's to write).
 	twice := doubled && !store
 	if !twice && (cmp == sameLength || cmp == longer && !store || cmp == shorter && store) {
 		st.held = held.reread(0)
@@ -146,8 +146,8 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 // checkpointView is what the mirror says about a conversation past a file's checkpoint.
 // With the count of older generations known (GenBase), the stream's leader counts the
 // conversation's messages: what lies past the checkpoint is that count less the
-// checkpoint's (GenBase + Ordinal), whichever replica a read is served by (torture T10:
-// a replica behind its leader made a resume resend acknowledged lines). Records without
+// checkpoint's (GenBase + Ordinal), whichever replica a read is served by (a replica
+// behind its leader would have a resume resend acknowledged lines). Records without
 // GenBase fall back to the subject's newest sequence, which any replica may answer.
 type checkpointView struct {
 	behind bool    // the mirror holds less than the checkpoint acknowledged
@@ -246,9 +246,9 @@ const (
 //
 // Only the first size bytes count, the size the watcher found when it opened the file:
 // the watcher tells a later truncation from growth by that size, so a line accepted past
-// it could vanish unseen (torture T22: opened in the middle of an in-place rewrite of the
-// same lines, compared once the rewrite was done, then cut back to fewer lines, but not
-// below that size: read on as growth, every line held, the vanished ones kept).
+// it could vanish unseen (a file opened in the middle of an in-place rewrite of the same
+// lines, compared once the rewrite was done, then cut back to fewer lines, but not below
+// that size: read on as growth, every line held, the vanished ones kept).
 func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (comparison, error) {
 	if held == nil || held.top < from {
 		return sameLength, nil // nothing mirrored from there on to compare
