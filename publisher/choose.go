@@ -2,14 +2,15 @@ package publisher
 
 import "github.com/pisync/pisync/watcher"
 
-// How Open picks the key a file mirrors under and where it starts reading it: pure
-// decisions over facts Open gathers first (its own maps, the file's checkpoint record,
-// the file system, the mirror), each returned with the reason it rests on, so that one
-// table holds every case (choose_test.go). A fact that costs something (a request to
-// the mirror, a pass over the checkpoint records, a read of the file) or that changes
-// something (taking a replaced file's recorded key removes its record) is looked up only
-// when the decision needs it: the decision names it (need…), Open looks it up and asks
-// again.
+// How Open picks the key a file mirrors under, where it starts reading it and, when it
+// asks the mirror (resume), whether the checkpoint's frontier and the newest generation
+// still hold: pure decisions over facts Open gathers first (its own maps, the file's
+// checkpoint record, the file system, the mirror), each returned with the reason it rests
+// on, so that one table holds every case (choose_test.go). A fact that costs something (a
+// request to the mirror, a pass over the checkpoint records, a read of the file) or that
+// changes something (taking a replaced file's recorded key removes its record) is looked
+// up only when the decision needs it: the decision names it (need…), Open looks it up and
+// asks again.
 
 // lookup is a fact looked up on demand.
 type lookup struct {
@@ -278,4 +279,122 @@ func chooseStart(s startFacts) startChoice {
 		return startChoice{why: startWrittenSince}
 	}
 	return startChoice{why: startCheckpoint}
+}
+
+// pastFacts is what a resume from a checkpoint has learnt of the mirror past the
+// checkpoint's frontier.
+type pastFacts struct {
+	behind bool // the mirror holds less than the checkpoint acknowledged (purged, restored from an older backup)
+	// read: what the mirror holds past the checkpoint was read (heldPast); short: fewer
+	// messages from the checkpoint's sequence on than the stream's leader counts past it;
+	// newer: a newer generation is among them.
+	read, short, newer bool
+	// compared: the file from the frontier on was compared with those lines (cmp).
+	compared bool
+	cmp      comparison
+}
+
+// pastNeed names the fact a resume from a checkpoint waits for.
+type pastNeed int
+
+const (
+	pastNeedNothing pastNeed = iota
+	pastNeedRead             // read what the mirror holds past the checkpoint
+	pastNeedCompare          // compare the file past the frontier with it
+)
+
+// pastReason says whether a resume keeps the checkpoint's frontier, and why not.
+type pastReason int
+
+const (
+	pastKept     pastReason = iota // the file holds every line past the frontier the mirror holds
+	pastBehind                     // the mirror is behind the checkpoint: the whole file is compared
+	pastShort                      // lines past the frontier were stored below the checkpoint's sequence
+	pastNewer                      // a generation started after the checkpoint: its generation is over
+	pastVanished                   // lines acknowledged past the checkpoint changed or vanished locally
+)
+
+type pastChoice struct {
+	need pastNeed
+	why  pastReason
+}
+
+// choosePast decides whether a file resumed from its checkpoint keeps the frontier or is
+// compared whole with the mirror. Lines the mirror holds past the frontier were published
+// by a daemon that died before committing them; they must still be in the file, else it
+// was cut back since (a new generation, which the whole comparison starts; it also tells
+// those lines from lines the session store wrote). A read from the checkpoint's sequence
+// that finds fewer messages than the leader counts past the checkpoint misses lines
+// stored before that sequence (a line below the frontier stored late, a repeated entry id
+// or a reconciliation's resend): they would be sent again, and stored twice once the
+// duplicate window has passed.
+func choosePast(f pastFacts) pastChoice {
+	switch {
+	case f.behind:
+		return pastChoice{why: pastBehind}
+	case !f.read:
+		return pastChoice{need: pastNeedRead}
+	case f.short:
+		return pastChoice{why: pastShort}
+	case f.newer:
+		return pastChoice{why: pastNewer}
+	case !f.compared:
+		return pastChoice{need: pastNeedCompare}
+	case f.cmp == sameLength || f.cmp == longer:
+		return pastChoice{why: pastKept}
+	}
+	return pastChoice{why: pastVanished}
+}
+
+// genFacts is what a resume that compared the whole file with the newest generation
+// knows: how they compare, whether the generation holds an ordinal more than once, and
+// (asked when the file and the generation differ in length, or the generation is
+// doubled) whether the session store writes that generation.
+type genFacts struct {
+	cmp     comparison
+	doubled bool
+	store   lookup
+}
+
+// genReason says whether the newest generation is kept, and why a new one starts.
+type genReason int
+
+const (
+	genKept      genReason = iota // the file holds the generation's lines (and perhaps more of its own)
+	genChanged                    // a mirrored line changed or vanished locally
+	genTwice                      // the generation holds a line twice
+	genStore                      // the session store writes it and the file was appended to since
+	genUndecided                  // stored too far out of order to compare in bounded memory
+)
+
+type genChoice struct {
+	needStore bool
+	why       genReason
+}
+
+// chooseGeneration decides whether a file compared whole with the newest generation is
+// mirrored on into it or into a new one. One writer at a time (DESIGN §8): a generation
+// the session store writes is kept only by a file that holds exactly its lines so far
+// (the store wrote after them); a file with lines of its own past them was appended to
+// locally since the cut-over. A generation holding a line twice is not kept (the
+// comparison reads the first copy of each line and finds the file equal: the second
+// copies would stay for good), unless it is the store's to write.
+func chooseGeneration(g genFacts) genChoice {
+	doubled := (g.cmp == sameLength || g.cmp == longer) && g.doubled
+	if (g.cmp == longer || g.cmp == shorter || doubled) && !g.store.asked {
+		return genChoice{needStore: true}
+	}
+	store := g.store.ok
+	twice := doubled && !store
+	switch {
+	case !twice && (g.cmp == sameLength || g.cmp == longer && !store || g.cmp == shorter && store):
+		return genChoice{why: genKept}
+	case twice:
+		return genChoice{why: genTwice}
+	case store:
+		return genChoice{why: genStore}
+	case g.cmp == undecided:
+		return genChoice{why: genUndecided}
+	}
+	return genChoice{why: genChanged}
 }

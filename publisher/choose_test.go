@@ -78,15 +78,8 @@ func TestChooseKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			k := tc.facts
 			k.id = id
-			var asked []keyNeed
-			var c keyChoice
-			for range 4 {
-				c = chooseKey(k)
-				if c.need == needNothing {
-					break
-				}
-				asked = append(asked, c.need)
-				switch c.need {
+			c, asked := decided(t, k, chooseKey, func(c keyChoice) keyNeed { return c.need }, func(k *keyFacts, n keyNeed) {
+				switch n {
 				case needReplacedHere:
 					k.replacedHere = tc.answer.replacedHere
 				case needRecorded:
@@ -94,11 +87,11 @@ func TestChooseKey(t *testing.T) {
 				case needPrevious:
 					k.previous = tc.answer.previous
 				}
-			}
+			})
 			got := fmt.Sprintf("key %q why %d record %v reused %v asked %v", c.key, c.why, c.record, c.reusedHere, asked)
 			want := fmt.Sprintf("key %q why %d record %v reused %v asked %v", tc.key, tc.why, tc.record, tc.reused, tc.asked)
-			if c.need != needNothing || got != want {
-				t.Errorf("got %s (need %d)\nwant %s", got, c.need, want)
+			if got != want {
+				t.Errorf("got %s\nwant %s", got, want)
 			}
 		})
 	}
@@ -212,4 +205,109 @@ func TestChooseStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChoosePast: a file resumed from its checkpoint keeps the frontier only when the
+// file still holds what the mirror holds past it.
+func TestChoosePast(t *testing.T) {
+	type read struct{ short, newer bool }
+	for _, tc := range []struct {
+		name   string
+		behind bool
+		read   *read       // what the read past the checkpoint finds, when asked
+		cmp    *comparison // how the file past the frontier compares, when asked
+		why    pastReason
+		asked  []pastNeed
+	}{
+		{name: "nothing past the checkpoint, the file as it was", read: &read{}, cmp: ptr(sameLength),
+			why: pastKept, asked: []pastNeed{pastNeedRead, pastNeedCompare}},
+		{name: "lines acknowledged past the checkpoint, still in the file, and more", read: &read{}, cmp: ptr(longer),
+			why: pastKept, asked: []pastNeed{pastNeedRead, pastNeedCompare}},
+		{name: "the mirror behind the checkpoint (purged, restored): compared whole, nothing read", behind: true,
+			why: pastBehind},
+		{name: "T25: lines past the frontier stored below the checkpoint's sequence: compared whole", read: &read{short: true},
+			why: pastShort, asked: []pastNeed{pastNeedRead}},
+		{name: "a generation started after the checkpoint", read: &read{newer: true},
+			why: pastNewer, asked: []pastNeed{pastNeedRead}},
+		{name: "T7: lines acknowledged past the checkpoint cut back since", read: &read{}, cmp: ptr(shorter),
+			why: pastVanished, asked: []pastNeed{pastNeedRead, pastNeedCompare}},
+		{name: "lines acknowledged past the checkpoint changed since", read: &read{}, cmp: ptr(differs),
+			why: pastVanished, asked: []pastNeed{pastNeedRead, pastNeedCompare}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := pastFacts{behind: tc.behind}
+			c, asked := decided(t, f, choosePast, func(c pastChoice) pastNeed { return c.need }, func(f *pastFacts, n pastNeed) {
+				switch {
+				case n == pastNeedRead && tc.read != nil:
+					f.read, f.short, f.newer = true, tc.read.short, tc.read.newer
+				case n == pastNeedCompare && tc.cmp != nil:
+					f.compared, f.cmp = true, *tc.cmp
+				default:
+					t.Fatalf("asked %d, which the row does not answer", n)
+				}
+			})
+			if got, want := fmt.Sprint(c.why, asked), fmt.Sprint(tc.why, tc.asked); got != want {
+				t.Errorf("why, asked: %s, want %s", got, want)
+			}
+		})
+	}
+}
+
+// TestChooseGeneration: a file compared whole with the newest generation is mirrored on
+// into it or into a new one.
+func TestChooseGeneration(t *testing.T) {
+	yes, no := answer("", true), answer("", false)
+	for _, tc := range []struct {
+		name    string
+		facts   genFacts
+		store   lookup // whether the session store writes the generation, when asked
+		why     genReason
+		askedIt bool
+	}{
+		{"the file holds exactly the generation", genFacts{cmp: sameLength}, no, genKept, false},
+		{"the file holds the generation and lines of its own", genFacts{cmp: longer}, no, genKept, true},
+		{"a mirrored line changed", genFacts{cmp: differs}, no, genChanged, false},
+		{"T7: the file holds fewer lines than the generation", genFacts{cmp: shorter}, no, genChanged, true},
+		{"T25: the generation holds a line twice", genFacts{cmp: sameLength, doubled: true}, no, genTwice, true},
+		{"T25: a line twice, and the file longer", genFacts{cmp: longer, doubled: true}, no, genTwice, true},
+		{"a doubled count of a generation that differs anyway", genFacts{cmp: differs, doubled: true}, no, genChanged, false},
+		{"the session store's doubled generation is the store's to write", genFacts{cmp: sameLength, doubled: true}, yes, genKept, true},
+		{"the session store wrote past the file's lines (DESIGN §8)", genFacts{cmp: shorter}, yes, genKept, true},
+		{"the store writes it and the file was appended to since the cut-over", genFacts{cmp: longer}, yes, genStore, true},
+		{"stored too far out of order to compare", genFacts{cmp: undecided}, no, genUndecided, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := chooseGeneration(tc.facts)
+			asked := c.needStore
+			if asked {
+				tc.facts.store = tc.store
+				c = chooseGeneration(tc.facts)
+			}
+			if c.needStore || c.why != tc.why || asked != tc.askedIt {
+				t.Errorf("why %d asked %v (need %v), want why %d asked %v", c.why, asked, c.needStore, tc.why, tc.askedIt)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// decided runs a decision that asks for facts: it calls choose until need says it waits
+// for none, answering each need with answer, and returns the choice and the needs in the
+// order they were asked.
+func decided[F, C any, N comparable](t *testing.T, f F, choose func(F) C, need func(C) N, answer func(*F, N)) (C, []N) {
+	t.Helper()
+	var none N
+	var asked []N
+	for range 8 {
+		c := choose(f)
+		n := need(c)
+		if n == none {
+			return c, asked
+		}
+		asked = append(asked, n)
+		answer(&f, n)
+	}
+	t.Fatalf("still asking after %v", asked)
+	panic("unreachable")
 }
