@@ -20,7 +20,7 @@ import (
 // publishes failed on reconnect, no responders retried then ErrNoStreamResponse, error
 // replies as *jetstream.APIError) at a fraction of its cost: nats.go allocates a future,
 // a reply subject, a timer and two channels per message and parses every
-// acknowledgement with encoding/json (bench/RESULTS.md, issue 15). Here a message costs
+// acknowledgement with encoding/json (bench/RESULTS.md). Here a message costs
 // no allocation of this type's once its Pending records are reused: one sweeper
 // goroutine keeps the deadlines, the acknowledgement is written into the record, and
 // waiters share one notification channel.

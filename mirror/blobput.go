@@ -25,8 +25,8 @@ import (
 // stopped) is published again by the client 250 ms later, carrying what the buffer holds
 // by then, a later chunk's bytes, and stored after the chunks that followed it: Put
 // reports success with the right size, chunk count and digest, and every read of the
-// object fails, "digests do not match" (torture T21). A chunk that fails outright leaves
-// the record stored with its chunks purged (T19).
+// object fails, "digests do not match". A chunk that fails outright leaves the record
+// stored with its chunks purged.
 //
 // Here every chunk is acknowledged before the next one is read, so the chunks are stored
 // in order and each holds its own bytes, and the record is published only once all of

@@ -24,8 +24,7 @@ var ErrBlobCorrupt = errors.New("digest mismatch: the stored object does not hol
 // Get reads the record by a direct get and the chunks through an ordered consumer, and
 // either may be served by a replica that has just come back, behind its leader: the read
 // found no record, an older one whose chunks were purged, or ended at the replica's last
-// chunk ("digests do not match"), and recover failed until the replica caught up (torture
-// T21, what it left).
+// chunk ("digests do not match"), and recover failed until the replica caught up.
 //
 // The record is still read by a direct get (the one record read permissions allow,
 // deploy/nats/README.md), but used only when the leader counts all the chunks it names:

@@ -14,12 +14,12 @@ import (
 // On an R3 stream most reads may be answered by any replica: a direct get by whichever
 // answers first, an ordered consumer by the random peer the server places it on. A
 // replica that has just come back answers too, from a store behind its leader, so a read
-// right after a node restart can miss lines the leader acknowledged long ago (torture
-// T9, T10: a resume resends them, recover rebuilds a short file). STREAM.INFO is the one
-// read an owner may make that tells the leader's state: with a subject filter it counts
-// each subject's messages. Followers answer it as well in two cases (the group has no
-// leader in their view; a just-restarted preferred replica), so the answer is used only
-// when the leader gave it, and reads wait until they have what the leader counted.
+// right after a node restart can miss lines the leader acknowledged long ago (a resume
+// would resend them, recover rebuild a short file). STREAM.INFO is the one read an owner
+// may make that tells the leader's state: with a subject filter it counts each subject's
+// messages. Followers answer it as well in two cases (the group has no leader in their
+// view; a just-restarted preferred replica), so the answer is used only when the leader
+// gave it, and reads wait until they have what the leader counted.
 
 // leaderRetry bounds the wait between two asks when only followers answered: a leader
 // is being elected or a follower answered first.

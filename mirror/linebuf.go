@@ -7,7 +7,7 @@ import (
 
 // bufferPool keeps the buffers of acknowledged lines' messages for the next lines, by
 // size class: a line's copy was the largest allocation per line, and allocating it fresh
-// for every line kept the collector busy (bench/RESULTS.md, issue 15). Classes are a
+// for every line kept the collector busy (bench/RESULTS.md). Classes are a
 // quarter of an octave apart from 1 KiB to 64 KiB, so a buffer is at most a fifth larger
 // than asked; longer messages are allocated and left to the collector.
 type bufferPool struct {

@@ -141,7 +141,7 @@ func (n Names) headers(c Conv, l Line) (string, headerList) {
 // go back to it once the line is acknowledged (Release): the map is built for the first
 // line a window slot carries and refilled for the next, so a line costs no map of its
 // own (filling a fresh map of a dozen headers per line was the largest allocation of a
-// back-fill: bench/RESULTS.md, issue 15). It does not change once built: a publish in
+// back-fill: bench/RESULTS.md). It does not change once built: a publish in
 // flight may still read it.
 type Outgoing struct {
 	Subject string

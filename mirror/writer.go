@@ -85,13 +85,12 @@ func (w *Writer) PutBlob(ctx context.Context, sha256hex string, r io.Reader) (bo
 	return true, nil
 }
 
-// chunksStored tells whether the object store holds exactly the chunks of the object
-// info describes, as the stream's leader counts them. An object put by nats.go's own Put
-// may have a record whose chunks are gone: when a chunk fails, it purges the chunks but
-// not the record it may have stored already (torture hour run, seed 317022446736: a
-// 3-node cluster with a node down during a 1.1 MB upload), and every read of the object
-// fails ("digests do not match"). A count says nothing of the chunks' bytes: putObject
-// is what keeps those right.
+// chunksStored tells whether the object store holds exactly the chunks of the object info
+// describes, as the stream's leader counts them. An object put by nats.go's own Put may
+// have a record whose chunks are gone: when a chunk fails, it purges the chunks but not
+// the record it may have stored already (a node of the cluster down during the upload is
+// enough), and every read of the object fails ("digests do not match"). A count says
+// nothing of the chunks' bytes: putObject is what keeps those right.
 func (w *Writer) chunksStored(ctx context.Context, info *jetstream.ObjectInfo) (bool, error) {
 	if info.Chunks == 0 {
 		return true, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/pisync/pisync/mirror"
 )
 
-// What the mirror already holds of a file, read in bounded memory (issue 13 item 9).
+// What the mirror already holds of a file, read in bounded memory.
 //
 // Resuming a file without its checkpoint compares it with the newest generation the
 // mirror holds, and then skips publishing the lines the mirror has. Holding a digest per
@@ -120,10 +120,10 @@ func (n *newest) add(m mirror.Msg) error {
 	return nil
 }
 
-// doubled reports whether the generation holds an ordinal more than once (torture T25):
-// more messages than ordinals. Kept whole, the ordinals are counted; past limit, they
-// are taken to be 0 to top, which misses a second copy only in a generation with a gap
-// (a line over the maximum size is skipped).
+// doubled reports whether the generation holds an ordinal more than once (a line stored
+// twice past the duplicate window): more messages than ordinals. Kept whole, the ordinals
+// are counted; past limit, they are taken to be 0 to top, which misses a second copy only
+// in a generation with a gap (a line over the maximum size is skipped).
 func (n *newest) doubled() bool {
 	if n.spilled {
 		return n.genMsgs > uint64(n.top+1)

@@ -686,8 +686,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 // envelope. The bytes must have the digest the watcher took as it read them, else the
 // file changed in between and is reopened (ErrReopen): a rewrite in place that moved the
 // line, or changed its middle without changing its length, leaves a full-length section
-// of other bytes, which would be mirrored as a line no file held under that ordinal
-// (torture T20).
+// of other bytes, which would be mirrored as a line no file held under that ordinal.
 func readAgain(l watcher.Line, into *[]byte) (data, prefix []byte, sum [sha256.Size]byte, err error) {
 	if l.SHA256 == nil {
 		return nil, nil, sum, fmt.Errorf("line at offset %d handed over with neither its bytes nor their digest", l.Offset)

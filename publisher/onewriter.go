@@ -40,7 +40,7 @@ import (
 // cache for its 10 s expiry once the block is full, instead of reusing the buffer for the
 // next block. A back-fill fenced each time its queue drained (one line in about 1,200)
 // made the server spend 38–68 µs a line instead of 26–32 and peak at 440–560 MB instead
-// of 110 (bench/RESULTS.md, issue 15, the server's CPU a line).
+// of 110 (bench/RESULTS.md, the server's CPU a line).
 
 // storeGenOf returns the generation the session store writes for key, as far as this
 // daemon has learnt (0: none).

@@ -23,11 +23,11 @@ import (
 // A replacement the daemon sees keeps the replaced file's key (retireReplaced). One it
 // does not see (made while the daemon was stopped, or before the new file's checkpoint
 // was committed when the daemon was killed) is opened without a checkpoint of its own,
-// while the record of the file it replaced, under the old identity, still names the
-// path. The key derived from the path (previousClashKey) is not that key when the file
-// moved after it got it, and the plain id may be another file's: the replacement took a
-// new key, and two keys named the path (torture T3). Only clash keys are kept here: a
-// file that mirrored under the plain id gets it back from claimKey whenever it is free.
+// while the record of the file it replaced, under the old identity, still names the path.
+// The key derived from the path (previousClashKey) is not that key when the file moved
+// after it got it, and the plain id may be another file's: the replacement took a new
+// key, and two keys would name the path. Only clash keys are kept here: a file that
+// mirrored under the plain id gets it back from claimKey whenever it is free.
 type recordedClashKeys struct {
 	once   sync.Once
 	byPath map[string]checkpoint.Record // root + "\x00" + rel → the record holding a clash key there
@@ -85,11 +85,11 @@ func (p *Publisher) recordedClashKey(f watcher.File, id string) (string, bool) {
 // there. For a file whose checkpoint (found by its inode number, line 1 the same) names
 // another path, that tells a reused inode number from a file moved while the daemon was
 // stopped: line 1 cannot tell them apart when the inode's former file was a copy of this
-// session (torture T26: an original and its copy both replaced while the daemon was
-// down, the copy's replacement given the original's freed inode number; it took the
-// original's key as if moved, and the key its path had kept a head naming it). The
-// records are read once, when first needed: a file opened at another path than its
-// checkpoint's is rare (moved while stopped).
+// session (an original and its copy both replaced while the daemon was down, the copy's
+// replacement given the original's freed inode number: taken as moved, it would take the
+// original's key, while the key its path had kept a head naming it). The records are read
+// once, when first needed: a file opened at another path than its checkpoint's is rare
+// (moved while stopped).
 func (p *Publisher) replacedAtPath(f watcher.File, id string) bool {
 	p.pathKeys.allOnce.Do(func() {
 		all := map[string][]pathRecord{}
@@ -115,19 +115,19 @@ func (p *Publisher) replacedAtPath(f watcher.File, id string) bool {
 
 // movedClashKey returns the clash key of conversation id (other than derived, the key
 // derived from f's path) whose head names f, for a file opened without a checkpoint. A
-// clash key is derived from the path the file had when it got it; the file keeps it
-// when it moves, and its head follows it. After the state directory is lost the key
-// derived from the new path is not that key: the moved file took the plain id when
-// found before the file that owns it, started a new generation over that file's
-// conversation, and the owner then took a new clash key (torture T15). The candidates
-// are the id's clash keys with messages in the owner's view (the one request
-// mirroredWithoutHead also makes), one head read each: only ids with clash keys pay.
+// clash key is derived from the path the file had when it got it; the file keeps it when
+// it moves, and its head follows it. After the state directory is lost the key derived
+// from the new path is not that key: the moved file would take the plain id when found
+// before the file that owns it, start a new generation over that file's conversation, and
+// the owner then take a new clash key. The candidates are the id's clash keys with
+// messages in the owner's view (the one request mirroredWithoutHead also makes), one head
+// read each: only ids with clash keys pay.
 //
 // A head still names the old path when the file moved before its head followed (the
 // daemon killed, or stopped, before it saw the move): then the key whose head names a
 // file of this host that no longer exists, and whose mirrored lines begin f (same line
-// count, bytes and leaf), is f's (torture seed 727543237586: a copy renamed, the daemon
-// killed 0.3 s after it gave the copy its key).
+// count, bytes and leaf), is f's (a copy renamed, the daemon killed right after it gave
+// the copy its key).
 func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, derived string) (string, bool) {
 	var gone []mirror.Head
 	for _, k := range p.view.clashKeysOf(ctx, p, id) {

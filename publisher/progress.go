@@ -32,7 +32,7 @@ type Progress struct {
 // (found, or reopened after a move or a rewrite) counts as pending under the root it is
 // opened at, its whole size as backlog: its state, if any, describes it as it was, and its
 // lines are compared with the mirror (and its head follows a move) only once the Open is
-// done (torture T23: an Open waiting on a request a server restart cut read as caught up).
+// done: an Open waiting on a request that a server restart cut must not read as caught up.
 func (p *Publisher) Progress() Progress {
 	out := Progress{Roots: map[string]*RootProgress{}}
 	root := func(name string) *RootProgress {

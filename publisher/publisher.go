@@ -101,13 +101,15 @@ type Publisher struct {
 	dirtyCP   map[*fileState]struct{}
 	dirtyHead map[*fileState]struct{}
 
+	// mu guards the maps below. The order in which the publisher's mutexes may be taken
+	// is in locksordering.txt.
 	mu     sync.Mutex
 	byPath map[string]watcher.FileID // absolute path (roots do not overlap: one per root and rel) → the file last opened there
 	files  map[watcher.FileID]*fileState
 	byConv map[string]watcher.FileID // conversation key → file carrying it (clash detection)
 	// Registered files mirrored under a clash key, per conversation id, and the ids whose
 	// clash this process reported: a clash whose keys come from checkpoints is reported
-	// although no claim contests a key (see reportKeptClash).
+	// although no claim contests a key (see keptClashLocked).
 	clashKeyed  map[string]int
 	clashesSeen map[string]bool
 	// Files inside Open: the keys they claimed are theirs before their state is registered.
@@ -418,7 +420,9 @@ func (p *Publisher) flushHeads(ctx context.Context) []*fileState {
 		// claimed it before the watcher reported the removal) has that file's head: this
 		// one's last state must not be written over it. Nor may a state its file's
 		// reopening replaced (moved, rewritten: same identity, same key) write its older
-		// path or frontier over its successor's head (torture T3, T9).
+		// path or frontier over its successor's head: both would write at once, and the
+		// older one could land last, a head naming a path the file left or behind its
+		// lines.
 		p.mu.Lock()
 		own := p.byConv[st.conv.Key] == st.file.ID && p.files[st.file.ID] == st // conv and file.ID never change
 		p.mu.Unlock()

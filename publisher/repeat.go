@@ -42,22 +42,29 @@ func (p *Publisher) repeatedID(st *fileState, it *item, seq uint64) (bool, error
 	if held.Ordinal == it.ordinal {
 		return false, nil // a retry of this very line
 	}
+	// The item is unresolved but not in flight while the mirror is asked: a reconciliation
+	// of the file may resolve it meanwhile, under the file's mutex.
+	st.mu.Lock()
+	if it.done || it.out == nil {
+		st.mu.Unlock()
+		return true, nil // resolved meanwhile: nothing left to publish
+	}
 	l := it.out.Line
-	p.m.repeatedIDs.Inc()
-	p.log.Warn("entry id already used by an earlier line of this generation; mirrored under its line number as raw",
-		zap.String("path", st.file.Path), zap.Int64("line", it.ordinal+1), zap.Int64("first_line", held.Ordinal+1),
-		zap.String("entry_id", l.EntryID))
+	repeated := l.EntryID
 	l.EntryID = mirror.OrdinalID(it.ordinal)
 	if l.Kind == mirror.KindEntry { // a blob stays a blob: its bytes are in the object store
 		l.Kind, l.EntryType, l.ParentID = mirror.KindRaw, "", ""
 	}
-	st.mu.Lock()
 	it.setOut(p.opts.Names.NewOutgoing(st.conv, l, it.out.Data))
 	// it.entry stays: Pi moves its leaf to a repeated id as to any entry, and so do the
 	// head and recovery (which applies the leaf rule to a raw line that is an entry with
 	// a valid id: only a repeat is mirrored so).
 	it.kind = l.Kind
 	st.mu.Unlock()
+	p.m.repeatedIDs.Inc()
+	p.log.Warn("entry id already used by an earlier line of this generation; mirrored under its line number as raw",
+		zap.String("path", st.file.Path), zap.Int64("line", it.ordinal+1), zap.Int64("first_line", held.Ordinal+1),
+		zap.String("entry_id", repeated))
 	// An error here means the publisher is closing: the line, unresolved, is published
 	// again at the next start.
 	_ = p.send(p.runCtx, st, it)

@@ -23,66 +23,14 @@ import (
 // local file with the newest mirrored generation, and starts a new generation if any
 // mirrored line changed or vanished, or the generation holds a line twice.
 //
-// Memory does not grow with the file (issue 13 item 9): a first pass over the messages'
-// headers learns the newest generation, its extent and how far out of ordinal order it
-// was stored, keeping nothing per line; the comparison and then the lines the publisher
-// must not send again are read in ordinal order through a window (heldWindow).
+// Memory does not grow with the file: a first pass over the messages' headers learns the
+// newest generation, its extent and how far out of ordinal order it was stored, keeping
+// nothing per line; the comparison and then the lines the publisher must not send again
+// are read in ordinal order through a window (heldWindow).
 func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
-		past, err := p.pastCheckpoint(ctx, st)
-		if err != nil {
+		if kept, err := p.resumeFromCheckpoint(ctx, st, log); err != nil || kept {
 			return err
-		}
-		newer, vanished, before := false, false, false
-		if !past.behind {
-			held, newerGen, last, short, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, past)
-			if err != nil {
-				return err
-			}
-			st.fenceSeq = last
-			switch {
-			case short:
-				// Fewer messages follow the checkpoint's sequence than the leader counts past
-				// it: lines after the frontier were stored before the highest sequence it
-				// acknowledged (a line below it stored late: a repeated entry id or a
-				// reconciliation sent it again after the lines behind it). Read from the
-				// sequence on, they would be missing from what the mirror holds, and sent
-				// again (torture T25).
-				before = true
-			case !newerGen:
-				// Lines acknowledged past the checkpoint (the daemon died before
-				// committing them) must still be in the file: a file cut back since
-				// holds less than the mirror, a new generation.
-				// (The whole-file comparison below tells those from lines the session
-				// store wrote.)
-				cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, st.acked.Offset, st.acked.Ordinal, held)
-				if err != nil {
-					return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
-				}
-				if cmp == sameLength || cmp == longer {
-					st.held = held.reread(st.acked.Ordinal)
-					return nil
-				}
-				vanished = true
-			default:
-				// A generation started after the checkpoint was committed (the daemon
-				// died in between): the checkpoint's generation is over.
-				newer = true
-			}
-		}
-		switch {
-		case before:
-			log.Info("lines past the checkpoint were stored before its sequence; comparing the whole file with the mirror",
-				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal),
-				zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
-		case vanished:
-			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
-				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
-		case !newer:
-			// The mirror holds less than the checkpoint says it acknowledged: the stream
-			// was purged or restored from an older backup.
-			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
-				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
 		}
 		st.acked = frontier{}
 		st.leaf.Set("")
@@ -104,50 +52,93 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
-	doubled := (cmp == sameLength || cmp == longer) && nw.doubled()
-	store := false
-	if cmp == longer || cmp == shorter || doubled {
-		// One writer at a time (DESIGN §8): a generation the session store writes is
-		// kept only by a file that holds exactly its lines so far (the store then wrote
-		// after them); a file with lines of its own past them was appended to locally
-		// since the cut-over.
-		if store, err = p.storeWrites(ctx, st, top); err != nil {
-			return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+	g := genFacts{cmp: cmp, doubled: nw.doubled()}
+	for {
+		c := chooseGeneration(g)
+		if c.needStore {
+			store, err := p.storeWrites(ctx, st, top)
+			if err != nil {
+				return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+			}
+			g.store = answer("", store)
+			continue
 		}
-	}
-	// A generation that holds a line twice is not kept: the comparison reads the first
-	// copy of each line and finds the file equal, and the second copies would stay in the
-	// newest generation for good (torture T25). A new one costs a publish of the file
-	// again. The session store's generation is left as it is (it is the store's to write).
-	twice := doubled && !store
-	if !twice && (cmp == sameLength || cmp == longer && !store || cmp == shorter && store) {
-		st.held = held.reread(0)
+		if c.why == genKept {
+			st.held = held.reread(0)
+			return nil
+		}
+		st.acked.Generation, st.acked.Base = top+1, nw.msgs
+		p.m.generations.Inc()
+		why := "mirrored lines changed or vanished locally; starting a new generation"
+		switch c.why {
+		case genTwice:
+			log.Warn("the newest generation holds a line twice; starting a new generation",
+				zap.String("conversation", st.conv.Key), zap.Int("generation", top+1),
+				zap.Uint64("messages", nw.genMsgs), zap.Int64("last_ordinal", nw.top))
+			return nil
+		case genStore:
+			why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
+		case genUndecided:
+			why = "the newest generation was stored too far out of line order to compare it in bounded memory; starting a new generation"
+		}
+		log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
 		return nil
 	}
-	st.acked.Generation, st.acked.Base = top+1, nw.msgs
-	p.m.generations.Inc()
-	if twice {
-		log.Warn("the newest generation holds a line twice; starting a new generation",
-			zap.String("conversation", st.conv.Key), zap.Int("generation", top+1),
-			zap.Uint64("messages", nw.genMsgs), zap.Int64("last_ordinal", nw.top))
-		return nil
+}
+
+// resumeFromCheckpoint reads what the mirror holds past st's checkpoint and keeps the
+// checkpoint's frontier when the file still holds it (choosePast), or reports that the
+// whole file is to be compared with the mirror (kept false).
+func (p *Publisher) resumeFromCheckpoint(ctx context.Context, st *fileState, log *zap.Logger) (kept bool, err error) {
+	past, err := p.pastCheckpoint(ctx, st)
+	if err != nil {
+		return false, err
 	}
-	why := "mirrored lines changed or vanished locally; starting a new generation"
-	switch {
-	case store:
-		why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
-	case cmp == undecided:
-		why = "the newest generation was stored too far out of line order to compare it in bounded memory; starting a new generation"
+	f := pastFacts{behind: past.behind}
+	var held *heldWindow
+	for {
+		c := choosePast(f)
+		switch c.need {
+		case pastNeedRead:
+			h, newer, last, short, err := p.heldPast(ctx, st.conv, st.acked.Generation, st.acked.StreamSeq+1, past)
+			if err != nil {
+				return false, err
+			}
+			st.fenceSeq = last
+			held, f.read, f.short, f.newer = h, true, short, newer
+			continue
+		case pastNeedCompare:
+			cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, st.acked.Offset, st.acked.Ordinal, held)
+			if err != nil {
+				return false, fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
+			}
+			f.compared, f.cmp = true, cmp
+			continue
+		}
+		switch c.why {
+		case pastKept:
+			st.held = held.reread(st.acked.Ordinal)
+			return true, nil
+		case pastShort:
+			log.Info("lines past the checkpoint were stored before its sequence; comparing the whole file with the mirror",
+				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal),
+				zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
+		case pastVanished:
+			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
+				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
+		case pastBehind:
+			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
+				zap.String("conversation", st.conv.Key), zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
+		}
+		return false, nil
 	}
-	log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
-	return nil
 }
 
 // checkpointView is what the mirror says about a conversation past a file's checkpoint.
 // With the count of older generations known (GenBase), the stream's leader counts the
 // conversation's messages: what lies past the checkpoint is that count less the
-// checkpoint's (GenBase + Ordinal), whichever replica a read is served by (torture T10:
-// a replica behind its leader made a resume resend acknowledged lines). Records without
+// checkpoint's (GenBase + Ordinal), whichever replica a read is served by (a replica
+// behind its leader would have a resume resend acknowledged lines). Records without
 // GenBase fall back to the subject's newest sequence, which any replica may answer.
 type checkpointView struct {
 	behind bool    // the mirror holds less than the checkpoint acknowledged
@@ -246,9 +237,9 @@ const (
 //
 // Only the first size bytes count, the size the watcher found when it opened the file:
 // the watcher tells a later truncation from growth by that size, so a line accepted past
-// it could vanish unseen (torture T22: opened in the middle of an in-place rewrite of the
-// same lines, compared once the rewrite was done, then cut back to fewer lines, but not
-// below that size: read on as growth, every line held, the vanished ones kept).
+// it could vanish unseen (a file opened in the middle of an in-place rewrite of the same
+// lines, compared once the rewrite was done, then cut back to fewer lines, but not below
+// that size: read on as growth, every line held, the vanished ones kept).
 func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (comparison, error) {
 	if held == nil || held.top < from {
 		return sameLength, nil // nothing mirrored from there on to compare

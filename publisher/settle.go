@@ -8,8 +8,9 @@ var _ watcher.SettleSink = (*Publisher)(nil)
 // check, in the file's next checkpoint: a daemon stopped while the check of a change was
 // pending compares the file with the mirror at the next start instead of trusting its
 // checkpoint, which would otherwise prove a rewrite that kept the last line mirrored
-// (torture T13). With the modification time of the content checked, the next start also
-// knows a file written while no watcher ran.
+// (only the settled check finds a rewrite that keeps header, size and last line). With
+// the modification time of the content checked, the next start also knows a file written
+// while no watcher ran.
 func (p *Publisher) Settled(f watcher.File, settled bool) {
 	st := p.state(f.ID)
 	if st == nil || st.skipped || st.file.Path != f.Path {

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
 	"time"
@@ -86,45 +84,8 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 
 	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))
-	if found && rec.HeaderSHA != hdrSHA {
-		found = false // the inode was reused by another file
-	}
-	if found && (old == nil || old.skipped) && (rec.Root != f.Root || rec.Rel != f.Rel) && p.replacedAtPath(f, hdr.ID) {
-		// The inode was reused by a file of the same session (a copy) that replaced
-		// another one at its path while the daemon was stopped, not moved here: the
-		// record is its former file's. The path keeps its key (recordedClashKey, or the
-		// plain id from claimKey), and the file is compared with the mirror (torture T26).
-		log.Info("the checkpoint of this file's inode names another path, and the file replaced one of its session here; comparing it with the mirror",
-			zap.String("checkpoint_path", rec.Rel))
-		found = false
-	}
-	// After a rewrite the checkpoint's frontier proves nothing about the lines before it:
-	// the whole file is compared with the mirror instead.
-	rewritten := why == watcher.Truncated || why == watcher.Replaced || why == watcher.Rechecked
-	key := hdr.ID
-	if k := reopenedKey(old, f, why, hdr.ID); k != "" {
-		key = k
-	} else if replacedKey != "" {
-		// The replacement of a file that carried this id: one path, one key (a clash
-		// key stays a clash key, or two keys would name the path: torture T3).
-		key = replacedKey
-	} else if found && rec.ConvKey != "" {
-		key = rec.ConvKey
-	} else if prev, ok := p.recordedClashKey(f, hdr.ID); ok {
-		// The replacement of a file the daemon did not see replaced (stopped, or killed
-		// before the new file's checkpoint): it keeps the replaced file's key (T3).
-		key = prev
-	} else if prev, ok := p.previousClashKey(ctx, f, key); ok {
-		// Still a clash, reported at every start as when it is first found.
-		p.mu.Lock()
-		p.clashesSeen[key] = true
-		p.mu.Unlock()
-		p.m.clashes.Inc()
-		log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
-			zap.String("conversation", key), zap.String("key", prev))
-		key = prev
-	}
-	key = p.claimKey(f, hdr.ID, key, log)
+	kc := p.openKey(ctx, f, why, old, hdr.ID, replacedKey, rec, found, hdrSHA, log)
+	key := p.claimKey(f, hdr.ID, kc.key, log)
 	conv, err := mirror.NewConv(p.opts.Owner, key)
 	if err != nil {
 		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
@@ -132,31 +93,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size,
 		mtime: f.MTime, headerAt: lead.HeaderAt}
-	start := watcher.Start{}
-	if found && !rewritten && !rec.Deleted && f.Size >= rec.Offset {
-		ok, err := verifyLastLine(f.Path, rec)
-		if err != nil {
-			return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
-		}
-		switch {
-		case ok && rec.Unsettled:
-			// Stopped while the watcher's settled check of a change was pending: a rewrite
-			// that kept the last line may lie under the checkpoint (torture T13).
-			log.Info("the daemon stopped before a change of this file was checked; comparing it with the mirror")
-		case ok && rec.MTime != 0 && rec.MTime != f.MTime && f.Size == rec.Offset:
-			// Written while no watcher ran, and no longer (an earlier line rewritten the
-			// same size, the last line kept): compared whole, not trusted. A file that grew
-			// is resumed and the watcher has it compared (Rechecked) once it is quiet.
-			log.Info("file written since its checkpoint; comparing it with the mirror")
-		case ok:
-			st.acked = frontierOf(rec)
-			st.headSeq, st.recordedHeadSeq = rec.HeadSeq, rec.HeadSeq
-			st.leaf.Set(rec.Leaf)
-			start = watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}
-		default:
-			p.m.rewrites.WithLabelValues("changed").Inc()
-			log.Info("file changed under its checkpoint; comparing it with the mirror")
-		}
+	start, err := p.openStart(f, why, rec, kc.record, st, log)
+	if err != nil {
+		return watcher.Start{}, err
 	}
 	// A file the checkpoint proves acknowledged costs the mirror no question, so that a
 	// start costs O(changed files).
@@ -175,7 +114,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// (or missing) until the file grows again.
 		st.headDirty = true
 	}
-	movedWhileAway := found && (rec.Root != f.Root || rec.Rel != f.Rel)
+	movedWhileAway := kc.record && (rec.Root != f.Root || rec.Rel != f.Rel)
 	if (old != nil && old.file.Path != f.Path || movedWhileAway) && st.acked.StreamSeq > 0 {
 		// Moved (seen, or while no daemon ran: found by its checkpoint at another path):
 		// the head and the checkpoint name the old path until the file grows again, and
@@ -183,6 +122,9 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		// names the file's path.
 		st.headDirty, st.cpDirty = true, true
 	}
+	// Read before the state is registered: from then on other goroutines change it under
+	// its mutex (locksordering.txt).
+	headDirty, gen, held := st.headDirty, st.acked.Generation, st.held.size()
 	p.mu.Lock()
 	if prev := p.files[f.ID]; prev != nil {
 		p.drop(prev) // reopened: the old path of a move, the old key of a rewrite go
@@ -197,298 +139,47 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		log.Warn("two local files carry one conversation id; each keeps the key it had",
 			zap.String("conversation", hdr.ID), zap.String("key", key), zap.String("other", other))
 	}
-	if st.headDirty {
+	if headDirty {
 		p.noteDirty(st)
 	}
-	p.trackShrink(st, rec, found)
-	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", st.acked.Generation),
-		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", st.held.size()))
+	p.trackShrink(st, rec, kc.record)
+	log.Debug("tailing", zap.String("conversation", key), zap.Int("generation", gen),
+		zap.Int64("offset", start.Offset), zap.Int64("ordinal", start.Ordinal), zap.Uint64("held", held))
 	return start, nil
 }
 
-// claimKey returns the key this file mirrors under: the conversation id, unless another
-// local file already carries it (a copied session), in which case a key derived from this
-// file's path, so that neither overwrites the other.
-//
-// A claim stays live from the moment its file claims it, through the rest of its Open
-// (resume can take a while, and its state is registered only at the end), for as long
-// as its state carries the key. Files with one id found in the same scan are opened by
-// several workers at once: a claim whose state is not registered yet is not stale, or
-// both files would mirror under one key. The file system is consulted (vanished) without
-// the global lock, and the claim decided again if it changed meanwhile.
-func (p *Publisher) claimKey(f watcher.File, id, key string, log *zap.Logger) string {
+// openStart decides where f starts (chooseStart), reading the record's last line only
+// when the decision asks for it, and gives st the record's frontier when f resumes from it.
+func (p *Publisher) openStart(f watcher.File, why watcher.OpenReason, rec checkpoint.Record, record bool, st *fileState,
+	log *zap.Logger) (watcher.Start, error) {
+	s := startFacts{record: record, why: why, deleted: rec.Deleted, offset: rec.Offset, unsettled: rec.Unsettled,
+		recMTime: rec.MTime, size: f.Size, mtime: f.MTime}
 	for {
-		p.mu.Lock()
-		owner, taken := p.byConv[key]
-		if !taken || owner == f.ID {
-			p.claimLocked(f, key)
-			p.mu.Unlock()
-			return key
-		}
-		// An Open in progress keeps the key it claimed; not one claimed under its inode
-		// number by a file that number belonged to before (torture T28).
-		other, live := p.files[owner], p.opening[owner] > 0 && p.openingKeys[owner] == key
-		var otherFile watcher.File
-		if !live && other != nil {
-			other.mu.Lock()
-			live = other.conv.Key == key && !other.gone && !other.skipped
-			otherFile = other.file
-			other.mu.Unlock()
-			if live {
-				// The claim is stale when its file is no longer at its path, or when its
-				// inode number now belongs to another session (inode numbers are reused
-				// quickly after a rewrite): the watcher reports Gone only later.
-				p.mu.Unlock()
-				gone := vanished(otherFile)
-				p.mu.Lock()
-				if p.byConv[key] != owner || p.files[owner] != other {
-					p.mu.Unlock()
-					continue // changed while we looked: decide again
-				}
-				live = !gone
+		c := chooseStart(s)
+		if c.needLastLine {
+			ok, err := verifyLastLine(f.Path, rec)
+			if err != nil {
+				return watcher.Start{}, fmt.Errorf("verify %s at offset %d: %w", f.Path, rec.Offset, err)
 			}
+			s.lastLine = answer("", ok)
+			continue
 		}
-		if !live {
-			p.claimLocked(f, key)
-			p.mu.Unlock()
-			return key
+		switch c.why {
+		case startUnsettled:
+			log.Info("the daemon stopped before a change of this file was checked; comparing it with the mirror")
+		case startWrittenSince:
+			log.Info("file written since its checkpoint; comparing it with the mirror")
+		case startChanged:
+			p.m.rewrites.WithLabelValues("changed").Inc()
+			log.Info("file changed under its checkpoint; comparing it with the mirror")
+		case startCheckpoint:
+			st.acked = frontierOf(rec)
+			st.headSeq, st.recordedHeadSeq = rec.HeadSeq, rec.HeadSeq
+			st.leaf.Set(rec.Leaf)
+			return watcher.Start{Offset: rec.Offset, Ordinal: rec.Ordinal}, nil
 		}
-		// The key derived from the session id and this file's path, also when the key
-		// contested is a clash key (one a moved file kept, another file given it for its
-		// lines): a key derived from a clash key is found again by no one after the state
-		// directory is lost (previousClashKey and movedClashKey look at the id's own clash
-		// keys), and the file then took another key while its old head kept naming its
-		// path (torture T27). Only a file whose own derived key is contested (its path's
-		// former file moved and kept it) derives from that.
-		alt := clashKey(id, f)
-		if alt == key {
-			alt = clashKey(key, f)
-		}
-		p.claimLocked(f, alt)
-		p.clashesSeen[id] = true
-		p.mu.Unlock()
-		p.m.clashes.Inc()
-		otherPath := otherFile.Path
-		if otherPath == "" {
-			otherPath = p.openingPath(owner)
-		}
-		log.Warn("two local files carry one conversation id; mirroring this one under its own key",
-			zap.String("conversation", key), zap.String("key", alt), zap.String("other", otherPath))
-		return alt
+		return watcher.Start{}, nil
 	}
-}
-
-// reopenedKey is the key of old, the state of f's identity, when f is that same file
-// reopened (moved, rewritten in place): it keeps its key. An identity whose file was
-// deleted, or that another file now holds at another path (inode numbers are reused at
-// once), is not the same file.
-func reopenedKey(old *fileState, f watcher.File, why watcher.OpenReason, id string) string {
-	if old == nil || old.skipped {
-		return ""
-	}
-	old.mu.Lock()
-	defer old.mu.Unlock()
-	if old.id != id || old.gone || (old.file.Path != f.Path && why != watcher.Moved) {
-		return ""
-	}
-	return old.conv.Key
-}
-
-// overwrittenID is the conversation id f keeps when a header of another id was written
-// over it in place (old: its state) or by a rename (replacedID: the id of the file it
-// replaced, from retireReplaced), "" otherwise (see sameSession).
-func overwrittenID(old *fileState, f watcher.File, id, replacedID string) string {
-	if replacedID != "" && replacedID != id {
-		return replacedID
-	}
-	if old == nil || old.skipped {
-		return ""
-	}
-	old.mu.Lock()
-	defer old.mu.Unlock()
-	if old.id != id && old.file.Path == f.Path && sameSession(old, f, id) {
-		return old.id
-	}
-	return ""
-}
-
-// sameSession reports whether f, now carrying header id, is still the session old was
-// mirrored as: the same id, or a fresh header of another id written over a file whose
-// name still names old's (Pi's SessionManager.open on a file it cannot parse, oh-my-pi's
-// resume on a corrupt header): a new generation of old's conversation, which lacks its
-// entries, rather than a new conversation that hides the loss.
-func sameSession(old *fileState, f watcher.File, id string) bool {
-	if old.id == id {
-		return true
-	}
-	named, _, ok := session.ParseFileName(filepath.Base(f.Path))
-	return ok && named == old.id && filepath.Base(old.file.Path) == filepath.Base(f.Path)
-}
-
-// keptClashLocked registers st's clash key, if it has one, and returns the path of
-// another registered file that carries st's conversation id when this process has not
-// reported that id's clash yet (then it counts as reported). After a restart both files
-// of a clash get their keys back from their checkpoints, and no claim is contested: the
-// clash is still reported, once per process (torture T8). The caller holds p.mu.
-func (p *Publisher) keptClashLocked(st *fileState) string {
-	id := st.id
-	if st.conv.Key != id {
-		p.clashKeyed[id]++
-	}
-	if p.clashesSeen[id] {
-		return ""
-	}
-	other := ""
-	if owner, ok := p.byConv[id]; ok && owner != st.file.ID {
-		if o := p.files[owner]; o != nil {
-			other = o.file.Path
-		}
-	}
-	if other == "" && p.clashKeyed[id] > 0 && (st.conv.Key == id || p.clashKeyed[id] > 1) {
-		for _, o := range p.files { // rare: only ids with clash keys get here
-			if o != st && o.id == id && o.conv.Key != id && !o.skipped {
-				other = o.file.Path
-				break
-			}
-		}
-	}
-	if other != "" {
-		p.clashesSeen[id] = true
-	}
-	return other
-}
-
-// unkeyed undoes keptClashLocked's count when st's state goes. The caller holds p.mu.
-func (p *Publisher) unkeyed(st *fileState) {
-	if st.conv.Key != st.id && st.id != "" {
-		if p.clashKeyed[st.id]--; p.clashKeyed[st.id] <= 0 {
-			delete(p.clashKeyed, st.id)
-		}
-	}
-}
-
-// clashKey is the key a file mirrors under when another local file carries its
-// conversation id: derived from its path, so that it is the same at every start.
-func clashKey(key string, f watcher.File) string {
-	sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
-	return key + "~" + hex.EncodeToString(sum[:4])
-}
-
-// previousClashKey tells, for a file opened without a checkpoint (the state directory
-// was lost), whether it was mirrored under its clash key before: the head of that key
-// names this host and this file. Which of two copies claims the plain id first then
-// does not decide their keys again (the other order would mirror both files under new
-// keys, and leave two heads naming one path). It costs one head read per file opened
-// without a checkpoint, next to the scan of its conversation that such an open makes.
-func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key string) (string, bool) {
-	alt := clashKey(key, f)
-	conv, err := mirror.NewConv(p.opts.Owner, alt)
-	if err != nil {
-		return "", false
-	}
-	h, _, err := p.reader.Head(ctx, conv)
-	switch {
-	case errors.Is(err, mirror.ErrNotFound):
-		if p.mirroredWithoutHead(ctx, conv, f) {
-			return alt, true
-		}
-	case err == nil && p.headNames(h, f):
-		return alt, true
-	}
-	// The file may have moved since it got its clash key (torture T15).
-	return p.movedClashKey(ctx, f, key, alt)
-}
-
-// headNames tells whether h places its conversation at f: this host, f's root and path.
-func (p *Publisher) headNames(h mirror.Head, f watcher.File) bool {
-	return h.Host == p.opts.Host && h.Root == f.Root && h.Source == f.Rel
-}
-
-// mirroredWithoutHead tells whether conversation c, which has no head, holds lines this
-// host mirrored from a file at f's path: a daemon killed after it gave f its clash key
-// and before its first head flush, then started without its state directory, must give
-// f that key again, or f takes another and two keys hold its lines (torture T3, seed
-// 410889947860). The key is derived from f's root and path, so a line of this host from
-// f's relative path is the evidence. It asks the mirror only when the owner's view counts
-// messages under the key (rare: most files opened without a checkpoint have no clash
-// key), then reads one message's headers.
-func (p *Publisher) mirroredWithoutHead(ctx context.Context, c mirror.Conv, f watcher.File) bool {
-	counts, _, ok := p.view.get(ctx, p)
-	if !ok || counts[c.Key] == 0 {
-		return false
-	}
-	errFound := errors.New("found")
-	var first mirror.Line
-	err := p.reader.Scan(ctx, c, mirror.ScanOptions{HeadersOnly: true}, func(m mirror.Msg) error {
-		first = m.Line
-		return errFound
-	})
-	return errors.Is(err, errFound) && first.Host == p.opts.Host && first.Source == f.Rel
-}
-
-// claimLocked gives key to f; an Open in progress of f keeps it until it ends. The caller
-// holds p.mu.
-func (p *Publisher) claimLocked(f watcher.File, key string) {
-	p.byConv[key] = f.ID
-	if p.opening[f.ID] > 0 {
-		p.openingKeys[f.ID] = key
-	}
-}
-
-// beginOpen marks f as being opened: a conversation key it claims stays its own until
-// endOpen, although its state is registered only at the end of Open.
-func (p *Publisher) beginOpen(f watcher.File) {
-	p.mu.Lock()
-	p.opening[f.ID]++
-	p.openingAt[f.ID] = withoutHeader(f)
-	p.mu.Unlock()
-}
-
-func (p *Publisher) endOpen(f watcher.File) {
-	p.mu.Lock()
-	if p.opening[f.ID]--; p.opening[f.ID] <= 0 {
-		delete(p.opening, f.ID)
-		delete(p.openingAt, f.ID)
-		delete(p.openingKeys, f.ID)
-	}
-	p.mu.Unlock()
-}
-
-// openingPath is the path of a file being opened, for log lines.
-func (p *Publisher) openingPath(id watcher.FileID) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.openingAt[id].Path
-}
-
-// retireReplaced forgets the file that used to be at f's path under another identity
-// (an atomic rename replaced it), once its lines in flight are resolved, so that its
-// conversation key passes to the new file instead of looking like a copy. When that file
-// carried conversation id (the replacement of a session by a rewrite of it), it returns
-// the key it mirrored under: the new file keeps it.
-func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id string) (key, oldID string, err error) {
-	p.mu.Lock()
-	fid, known := p.byPath[f.Path]
-	old := p.files[fid]
-	p.mu.Unlock()
-	if !known || fid == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
-		return "", "", nil
-	}
-	if err := p.waitQueueEmpty(ctx, old); err != nil {
-		return "", "", err
-	}
-	if !old.skipped && sameSession(old, f, id) {
-		key, oldID = old.conv.Key, old.id
-	}
-	p.mu.Lock()
-	delete(p.files, old.file.ID)
-	p.unkeyed(old)
-	if p.byConv[old.conv.Key] == old.file.ID {
-		delete(p.byConv, old.conv.Key)
-	}
-	p.mu.Unlock()
-	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
-	return key, oldID, nil
 }
 
 // skip records f as a .jsonl that is no session (reason: a session.Reason*), counted
@@ -534,17 +225,6 @@ func (p *Publisher) Skipped() []SkippedFile {
 func withoutHeader(f watcher.File) watcher.File {
 	f.Lead = nil
 	return f
-}
-
-// vanished reports whether f is no longer at its path (the watcher reports Gone only
-// after a grace period, in case the file was moved).
-func vanished(f watcher.File) bool {
-	fi, err := os.Stat(f.Path)
-	if err != nil {
-		return errors.Is(err, fs.ErrNotExist)
-	}
-	id := watcher.FileIDOf(fi)
-	return id != (watcher.FileID{}) && id != f.ID
 }
 
 func reasonLabel(why watcher.OpenReason) string {

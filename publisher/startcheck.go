@@ -88,8 +88,8 @@ func (v *startView) clashKeysOf(ctx context.Context, p *Publisher, id string) []
 // checkpoint's sequence (restored from an older backup), and the conversation holds the
 // older generations' messages (GenBase) and the checkpoint's lines, no fewer (purged) and
 // no more: more are lines a daemon published and died before committing (the file may
-// have been cut back to the checkpoint since: torture T7) or a newer generation it
-// started. Those files are compared with the mirror.
+// have been cut back to the checkpoint since, and those lines vanished locally) or a
+// newer generation it started. Those files are compared with the mirror.
 func (p *Publisher) provenByCheckpoint(ctx context.Context, f watcher.File, why watcher.OpenReason, rec checkpoint.Record, key string) bool {
 	if why != watcher.Discovered || rec.Offset == 0 || f.Size != rec.Offset || rec.Generation == 0 || rec.StreamSeq == 0 {
 		return false

@@ -12,7 +12,10 @@ import (
 	"github.com/pisync/pisync/watcher"
 )
 
-// fileState is what the publisher knows of one session file. Its mutex guards every field.
+// fileState is what the publisher knows of one session file. Its mutex guards every field
+// that changes once the state is registered; file, conv, id, cwd, format, hdrSum,
+// skipped, liveFrom and headerAt never change once it is built and are read without it
+// (locksordering.txt: the order of the publisher's mutexes).
 //
 // There is one per session file, idle or not (100,000 on a big host), so it holds only
 // what publishing and the checkpoint and head records need: the header's id, cwd and

@@ -390,10 +390,11 @@ func (r *Recoverer) inspectTarget(t target, plan *Plan, held func() map[string]b
 // clash key handed to another file after a restart or a replacement, a file given a new
 // key after it moved) leaves two heads naming it, the older one stale: recovering both
 // would write whichever came first and refuse the other, in an order that depends on
-// timing (torture T3). The newest head wins whatever the order the conversations are
-// read in; the others are refused, each naming the winner. It also returns the winner of
-// each path: a conversation without a head (its head was never written, or does not
-// decode) rebuilt at one of those paths is refused too, whichever comes first.
+// timing: the stale one could win. The newest head wins whatever the order the
+// conversations are read in; the others are refused, each naming the winner. It also
+// returns the winner of each path: a conversation without a head (its head was never
+// written, or does not decode) rebuilt at one of those paths is refused too, whichever
+// comes first.
 func supersededKeys(sel Selection, out string, roots []string) (superseded, best map[string]string) {
 	best = map[string]string{}    // path → key of the newest head placing its file there
 	placed := map[string]string{} // key → path

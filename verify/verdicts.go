@@ -17,9 +17,9 @@ import (
 const verdictsVersion = 1
 
 // verdictsFile is what Background.StateFile holds: the verdicts of the files found
-// identical, so that a restarted daemon does not read them all again (issue 15: a fleet
-// restarted at once would otherwise cost the cluster a read of every file of every host
-// one interval later).
+// identical, so that a restarted daemon does not read them all again (a fleet restarted
+// at once would otherwise cost the cluster a read of every file of every host one
+// interval later).
 type verdictsFile struct {
 	Version  int                     `json:"version"`
 	Verdicts map[string]verdictEntry `json:"verdicts"` // by path

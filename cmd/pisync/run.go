@@ -94,7 +94,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		if ctx.Err() != nil {
 			// SIGTERM or SIGINT during start-up (waiting for NATS, say): a stop that was
-			// asked for, not a failure (torture: "graceful stop: exit status 1").
+			// asked for, not a failure, so the exit status says success.
 			log.Info("stopped during start-up", zap.Error(err))
 			return nil
 		}
@@ -292,7 +292,8 @@ func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner
 	bg := &verify.Background{
 		Mirror: r, Interval: d.f.verifyInterval, Rate: d.f.verifyRate,
 		// A host without verdicts (an upgrade of the fleet, a lost state directory) gathers
-		// them at this rate, not at --verify-rate all at once: issue 15's restart storm.
+		// them at this rate, not at --verify-rate all at once: a fleet restarted together
+		// must not read every file of every host at once.
 		FirstRate: d.f.verifyFirst,
 		// Kept across restarts: a restarted daemon reads only the files that changed.
 		StateFile: filepath.Join(d.f.conn.stateDir, "verified.json"),
