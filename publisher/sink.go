@@ -31,6 +31,16 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		lines, more = f.Lead.Lines, f.Lead.More
 	}
 	lead := session.Identify(filepath.Base(f.Path), lines, more)
+	if lead.Kind == session.LeadWait || lead.Kind == session.LeadNotSession {
+		if known, ok := p.knownSession(f); ok {
+			// A session cut back to the records before its header, or whose beginning was
+			// damaged: the damage is a generation of that session, mirrored as it is and
+			// found shrunk, not a file that leaves the mirror holding the old content.
+			log.Warn("a session's file no longer begins like one (cut back, or damaged); mirrored as it is, as a generation of that session",
+				zap.String("conversation", known.ID), zap.String("seen_as", lead.Kind.String()), zap.String("reason", lead.Reason))
+			lead = session.Lead{Kind: session.LeadHeaderless, HeaderAt: -1, Header: known}
+		}
+	}
 	switch lead.Kind {
 	case session.LeadWait:
 		return watcher.Start{Wait: true}, nil
@@ -180,6 +190,31 @@ func (p *Publisher) openStart(f watcher.File, why watcher.OpenReason, rec checkp
 		}
 		return watcher.Start{}, nil
 	}
+}
+
+// knownSession is what the publisher knows of the session f was mirrored as: its state
+// (this identity, or the file it replaced at this path), or its checkpoint record. false
+// for a file never mirrored.
+func (p *Publisher) knownSession(f watcher.File) (session.Header, bool) {
+	p.mu.Lock()
+	st := p.files[f.ID]
+	if st == nil || st.skipped {
+		st = p.files[p.byPath[f.Path]]
+	}
+	p.mu.Unlock()
+	if st != nil && !st.skipped {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.file.Path == f.Path && st.id != "" {
+			return session.Header{ID: st.id, Cwd: st.cwd, Format: st.format, Version: 3}, true
+		}
+		return session.Header{}, false
+	}
+	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))
+	if found && rec.Root == f.Root && rec.Rel == f.Rel && rec.Conversation != "" {
+		return session.Header{ID: rec.Conversation, Cwd: rec.Cwd, Format: session.Format(rec.Format), Version: 3}, true
+	}
+	return session.Header{}, false
 }
 
 // skip records f as a .jsonl that is no session (reason: a session.Reason*), counted

@@ -72,9 +72,10 @@ type Lead struct {
 var preHeaderTypes = map[string]bool{"title": true}
 
 // Identify decides what a file named name is from its first complete lines (at most
-// LeadLines, without their newlines). more says the file holds complete lines past
-// them: without it, a file of records that precede a header is waited on. It is pure;
-// its table of cases is in lead_test.go.
+// LeadLines, without their newlines; a line too long to hold is nil, and counts as an
+// entry: Pi's long lines are images and tool outputs, never a header). more says the
+// file holds complete lines past them: without it, a file of records that precede a
+// header is waited on. It is pure; its table of cases is in lead_test.go.
 func Identify(name string, lines [][]byte, more bool) Lead {
 	if len(lines) == 0 {
 		return Lead{Kind: LeadWait, HeaderAt: -1}
@@ -82,10 +83,14 @@ func Identify(name string, lines [][]byte, more bool) Lead {
 	if len(lines) > LeadLines {
 		lines, more = lines[:LeadLines], true
 	}
-	onlyPre, entries, ids := true, false, false
+	onlyPre, entries, ids, anon := true, false, false, false
 	for i, l := range lines {
 		if h, err := ParseHeader(l); err == nil {
 			return Lead{Kind: LeadHeader, Header: h, HeaderAt: i}
+		}
+		if l == nil {
+			onlyPre, entries = false, true
+			continue
 		}
 		if IsBlank(l) {
 			continue
@@ -104,6 +109,7 @@ func Identify(name string, lines [][]byte, more bool) Lead {
 			onlyPre = false
 			entries = entries || IsEntryType(env.Type) || env.ID != ""
 			ids = ids || env.ID != ""
+			anon = anon || env.ID == ""
 		}
 	}
 	if onlyPre && (!more && len(lines) < LeadLines) {
@@ -117,7 +123,7 @@ func Identify(name string, lines [][]byte, more bool) Lead {
 		return Lead{Kind: LeadNotSession, HeaderAt: -1, Reason: ReasonNoID}
 	}
 	h := Header{ID: id, Version: 3, Timestamp: ts, Format: FormatV3}
-	if !ids {
+	if anon && !ids {
 		h.Version, h.Format = 0, FormatV1 // entries without ids: a v3 header would break their tree
 	}
 	return Lead{Kind: LeadHeaderless, HeaderAt: -1, Header: h}

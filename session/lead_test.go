@@ -40,6 +40,7 @@ func TestIdentify(t *testing.T) {
 		{"headerless: recreated after a delete (Pi #8939)", name, []string{msg, msg2}, false, LeadHeaderless, -1, "", "0199ffff-0000-7000-8000-000000000001"},
 		{"headerless v1 entries", name, []string{v1msg}, false, LeadHeaderless, -1, "", "0199ffff-0000-7000-8000-000000000001"},
 		{"title then entries, no header", name, []string{title, msg}, false, LeadHeaderless, -1, "", "0199ffff-0000-7000-8000-000000000001"},
+		{"title then a line too long to hold (an image)", name, []string{title, "\x00nil"}, true, LeadHeaderless, -1, "", "0199ffff-0000-7000-8000-000000000001"},
 		{"a torn header glued to an entry, then entries", name, []string{`{"type":"sess` + msg, msg2}, false, LeadHeaderless, -1, "", "0199ffff-0000-7000-8000-000000000001"},
 		{"header after the first lines' bound", name, append(many(title, LeadLines), header), true, LeadNotSession, -1, ReasonNotEntries, ""},
 		{"only titles up to the bound", name, many(title, LeadLines), false, LeadNotSession, -1, ReasonNotEntries, ""},
@@ -51,6 +52,10 @@ func TestIdentify(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var lines [][]byte
 			for _, l := range tc.lines {
+				if l == "\x00nil" {
+					lines = append(lines, nil) // too long to hold
+					continue
+				}
 				lines = append(lines, []byte(l))
 			}
 			got := Identify(tc.file, lines, tc.more)

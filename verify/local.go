@@ -144,7 +144,7 @@ func leadLines(r io.Reader) (lines [][]byte, more bool, err error) {
 		}
 		line = bytes.TrimSuffix(line, []byte("\n"))
 		if held += len(line); held > session.LeadBytes && len(lines) > 0 {
-			return lines, true, nil
+			return append(lines, nil), true, nil // there, too long to hold (as the daemon reads it)
 		}
 		lines = append(lines, line)
 	}

@@ -200,8 +200,14 @@ func (lr *lineReader) leadLines(r io.ReaderAt, size int64) (lines [][]byte, more
 	stop := errors.New("stop")
 	var held int64
 	read, err = lr.advance(r, &t, size, func(l Line) error {
-		if len(lines) == pisession.LeadLines || (len(lines) > 0 && held+l.Len > pisession.LeadBytes) {
+		if len(lines) == pisession.LeadLines {
 			more = true
+			return stop
+		}
+		if len(lines) > 0 && held+l.Len > pisession.LeadBytes {
+			// A line past the budget is there all the same (nil: too long to hold), so
+			// that a large entry after a title still makes the file a session.
+			lines, more = append(lines, nil), true
 			return stop
 		}
 		var b []byte

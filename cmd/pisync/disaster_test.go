@@ -338,3 +338,44 @@ func joinRaw(lines [][]byte) []byte {
 	}
 	return out
 }
+
+// TestKnownSessionCutBackToItsTitle: a title-first session cut back to its title line
+// no longer begins like a session, but it is one the daemon knows: its newest generation
+// holds the title alone, found shrunk; a long line appended after it (past what the
+// watcher hands Open) keeps it a session.
+func TestKnownSessionCutBackToItsTitle(t *testing.T) {
+	rng := rand.New(rand.NewPCG(67, 68))
+	srv := natstest.Run(t)
+	root := t.TempDir()
+	f := sessiontest.New(rng, root, "/home/dev/omp", sessiontest.HarnessV3)
+	title := f.TitleLine("cut back")
+	if err := f.Append(title, f.HeaderLine("/home/dev/omp"), f.Message(200), f.Message(200)); err != nil {
+		t.Fatal(err)
+	}
+	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
+	defer d.stop()
+	r := newReader(t, natstest.Connect(t, srv.URL()), "t1", "alice")
+	allMirrored(t, r, root, 20*time.Second)
+
+	if err := sessiontest.Rewrite(f.Path, [][]byte{title}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "the title alone as a shrunk generation", func() (bool, string) {
+		g := readGen(t, r, f.ID, 0)
+		h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
+		return g.Number == 2 && len(g.Msgs) == 1 && err == nil && h.Shrunk != nil && h.Shrunk.Missing == 2,
+			fmt.Sprintf("generation %d of %d lines, head %+v %v", g.Number, len(g.Msgs), h.Shrunk, err)
+	})
+	big := f.ImageEntry(100 << 10)
+	if err := sessiontest.AppendBytes(f.Path, append(big, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the long line after the title", func() (bool, string) {
+		g := readGen(t, r, f.ID, 0)
+		return g.Number == 2 && len(g.Msgs) == 2, fmt.Sprintf("generation %d of %d lines", g.Number, len(g.Msgs))
+	})
+	if v := metricValue(t, d, "pisync_skipped_files_total", nil); v != 0 {
+		t.Errorf("a known session counted as skipped: %v", v)
+	}
+}
