@@ -32,7 +32,8 @@ var errRewritten = errors.New("file rewritten while it was read")
 // checkLast reads the line last delivered (with its '\n') again and compares its digest.
 // It also checks that a '\n' comes just before it: a rewrite that moved the lines one
 // byte on would otherwise pass for an empty line (its '\n' is now the previous line's),
-// and the empty line would be delivered again at the next ordinal (torture T12).
+// and the empty line would be delivered again at the next ordinal: one line more than
+// the file holds.
 func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
 	if !last.ok {
 		return 0, nil
