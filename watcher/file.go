@@ -16,29 +16,33 @@ import (
 // class of the allocator (TestFileStateSize).
 type fileState struct {
 	// Guarded by Watcher.mu.
-	path, rel   string
-	root        *root
+	path, rel string
+	root      *root
+	// Its turn with the workers (watcher.go).
 	queued      bool // in Watcher.queue
 	running     bool // a worker has it
 	dirty       bool // something happened while it ran: queue it again
-	dropped     bool // forgotten: runs do nothing
-	vanished    bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
-	reopen      bool // Reopen asked for it: the next run opens it again as Truncated
-	settleDue   bool // SettleDelay passed since the last change: the next run checks every delivered byte
-	goneDue     bool // MoveGrace is over: the next run reports Gone
-	moved       bool // re-keyed to a new path: the next run reports Moved
-	idKnown     bool
-	inByID      bool // Watcher.byID[id] == this
 	needRun     bool // the last run failed: a rescan looks again even if nothing changed
 	initPending bool // part of the initial scan, not run yet
-	settleAt    time.Time
-	id          FileID
-	aliasOf     FileID // a second name of this tailed inode, waiting (Watcher.aliases)
-	seenGen     uint64
-	snap        statSnap // what the last complete run saw, for stat-only rescans
-	mstate      string
-	retryAt     time.Time
-	goneAt      time.Time
+	// Its path and identity (identity.go).
+	dropped  bool // forgotten: runs do nothing
+	vanished bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
+	idKnown  bool
+	inByID   bool // Watcher.byID[id] == this
+	// Asked of the next run by other goroutines; the run takes them (decide's stepTake).
+	goneDue   bool // MoveGrace is over: the next run reports Gone
+	moved     bool // re-keyed to a new path: the next run reports Moved
+	reopen    bool // Reopen asked for it: the next run opens it again as Truncated
+	settleDue bool // SettleDelay passed since the last change: the next run checks every delivered byte
+	// Its deadlines (clock.go), identity, and what the last complete run saw.
+	settleAt time.Time
+	retryAt  time.Time
+	goneAt   time.Time
+	id       FileID
+	aliasOf  FileID // a second name of this tailed inode, waiting (Watcher.aliases)
+	seenGen  uint64
+	snap     statSnap // what the last complete run saw, for stat-only rescans
+	mstate   string   // its files{state} label
 
 	// Owned by the worker running the file (one at a time, handed over under Watcher.mu).
 	// The standing with the sink (decide.go) is phase, pendingWhy, movePending,
