@@ -123,10 +123,12 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 
 	nid, ok := w.identify(s, path, id, idKnown, &in)
 	if !ok {
+		w.notLooked(s, &in)
 		return
 	}
 	f, err := os.OpenFile(path, openFlags, 0)
 	if err != nil {
+		w.notLooked(s, &in)
 		if isGone(err) {
 			w.vanish(s, path)
 		} else {
@@ -137,10 +139,12 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
+		w.notLooked(s, &in)
 		w.fail(s, errReason(err), "stat", err, false)
 		return
 	}
 	if FileIDOf(fi) != nid {
+		w.notLooked(s, &in)
 		w.again(s, errors.New("file changed between stat and open")) // renamed meanwhile: look again
 		return
 	}
@@ -171,6 +175,17 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 	w.deliver(ctx, lr, f, s, &in, file, fi)
+}
+
+// notLooked keeps the settled check due when a run that took it ends before it looked at
+// the file (it could not be stat'ed or opened, or was renamed meanwhile): no timer arms
+// it again for a file that does not change after this.
+func (w *Watcher) notLooked(s *fileState, in *seen) {
+	if in.settle {
+		w.mu.Lock()
+		s.settleDue = true
+		w.mu.Unlock()
+	}
 }
 
 // identify settles who owns the path now that a regular file is there, and decides
