@@ -131,7 +131,8 @@ type Line struct {
 	// mirror keeps for a line, in binary); set exactly when Data is nil, valid only during
 	// the call. A sink that reads the line again from Src must find bytes with this
 	// digest, else return an error wrapping ErrReopen: a same-size rewrite in place
-	// between the two reads leaves a full-length section of other bytes (torture T20).
+	// between the two reads leaves a full-length section of other bytes, which a check
+	// of the length alone would take for the line.
 	SHA256 *[sha256.Size]byte
 }
 
@@ -149,7 +150,8 @@ type Sink interface {
 	// event, rescan, or a backoff timer). A Start that does not fit the file (beyond its
 	// size, or not just after a newline) is treated like an error. A sink that compares
 	// the file with what it delivered before judges its first f.Size bytes only: the
-	// watcher tells a later truncation from growth by that size (torture T22).
+	// watcher tells a later truncation from growth by that size, so a file cut back to
+	// no less than it reads as grown, and lines the sink judged past it would stay.
 	Open(ctx context.Context, f File, why OpenReason) (Start, error)
 	// Line delivers one complete line; blocking here is how the sink applies
 	// backpressure. Returning an error stops this file's tailing; it resumes from the
@@ -168,8 +170,8 @@ type Sink interface {
 // confirm. A rewrite that keeps the header and the last delivered line (an earlier line
 // changed, the same size) is found only by that check, once the file has been quiet for
 // Options.SettleDelay; a sink that records what it was given (a checkpoint) must not take
-// that record as proof of the file's lines after a restart while the check was pending
-// (torture T13).
+// that record as proof of the file's lines after a restart while the check was pending:
+// the check is not armed again for a file that does not change after the restart.
 type SettleSink interface {
 	Sink
 	// Settled(f, false) is called when a run finds a change that the settled check will

@@ -16,39 +16,44 @@ import (
 // class of the allocator (TestFileStateSize).
 type fileState struct {
 	// Guarded by Watcher.mu.
-	path, rel   string
-	root        *root
+	path, rel string
+	root      *root
+	// Its turn with the workers (watcher.go).
 	queued      bool // in Watcher.queue
 	running     bool // a worker has it
 	dirty       bool // something happened while it ran: queue it again
-	dropped     bool // forgotten: runs do nothing
-	vanished    bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
-	reopen      bool // Reopen asked for it: the next run opens it again as Truncated
-	settleDue   bool // SettleDelay passed since the last change: the next run checks every delivered byte
-	goneDue     bool // MoveGrace is over: the next run reports Gone
-	moved       bool // re-keyed to a new path: the next run reports Moved
-	idKnown     bool
-	inByID      bool // Watcher.byID[id] == this
 	needRun     bool // the last run failed: a rescan looks again even if nothing changed
 	initPending bool // part of the initial scan, not run yet
-	settleAt    time.Time
-	id          FileID
-	aliasOf     FileID // a second name of this tailed inode, waiting (Watcher.aliases)
-	seenGen     uint64
-	snap        statSnap // what the last complete run saw, for stat-only rescans
-	mstate      string
-	retryAt     time.Time
-	goneAt      time.Time
+	// Its path and identity (identity.go).
+	dropped  bool // forgotten: runs do nothing
+	vanished bool // its path no longer holds it; Gone after MoveGrace unless it shows up elsewhere
+	idKnown  bool
+	inByID   bool // Watcher.byID[id] == this
+	// Asked of the next run by other goroutines; the run takes them (decide's stepTake).
+	goneDue   bool // MoveGrace is over: the next run reports Gone
+	moved     bool // re-keyed to a new path: the next run reports Moved
+	reopen    bool // Reopen asked for it: the next run opens it again as Truncated
+	settleDue bool // SettleDelay passed since the last change: the next run checks every delivered byte
+	// Its deadlines (clock.go), identity, and what the last complete run saw.
+	settleAt time.Time
+	retryAt  time.Time
+	goneAt   time.Time
+	id       FileID
+	aliasOf  FileID // a second name of this tailed inode, waiting (Watcher.aliases)
+	seenGen  uint64
+	snap     statSnap // what the last complete run saw, for stat-only rescans
+	mstate   string   // its files{state} label
 
 	// Owned by the worker running the file (one at a time, handed over under Watcher.mu).
-	announced   bool // the sink had an Open and no Gone yet
-	current     bool // the sink has opened the present content
-	movePending bool // a Moved not yet accepted by the sink
-	resumedGrew bool // the last run found lines (or a torn tail) past a Start (see run)
-	unsettled   bool // the sink was told Settled(false) since its last Open
-	skip        bool
+	// The standing with the sink (decide.go) is phase, pendingWhy, movePending,
+	// unsettled and resumedGrew: decide says what it becomes (apply), and sinkGone
+	// makes the file unopened when the sink hears it is gone.
+	phase       phase
+	movePending bool       // a Moved not yet accepted by the sink
+	resumedGrew bool       // the last read found lines (or a torn tail) past a Start
+	unsettled   bool       // the sink was told Settled(false) since its last Open
 	agains      uint8      // consecutive runs cut short by a race (see again), at most maxAgains+1
-	pendingWhy  OpenReason // reason of the next Open when !current
+	pendingWhy  OpenReason // reason of the next Open while the phase wants one
 	skipSize    int64
 	header      headerSum // of the header line the sink opened
 	t           tail
@@ -77,57 +82,53 @@ type sinkError struct{ err error }
 func (e sinkError) Error() string { return e.err.Error() }
 func (e sinkError) Unwrap() error { return e.err }
 
+// standing fills in the part of in that is s's standing with the sink.
+func (s *fileState) standing(in *seen) {
+	in.phase, in.why, in.movePending, in.unsettled, in.grew = s.phase, s.pendingWhy, s.movePending, s.unsettled, s.resumedGrew
+}
+
+// apply makes v's standing that of s, and of in for the steps after.
+func (s *fileState) apply(in *seen, v verdict) {
+	s.phase, s.pendingWhy, s.movePending, s.unsettled, s.resumedGrew = v.phase, v.why, v.movePending, v.unsettled, v.grew
+	s.standing(in)
+}
+
 // run looks at one file: who is at its path now, whether it was rewritten, and reads
-// what is new, delivering complete lines.
+// what is new, delivering complete lines. Each step does what decide says of what the
+// steps before it saw.
 func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
+	in := seen{step: stepTake, checks: w.opts.SettleDelay > 0, settleSink: w.settles != nil}
 	w.mu.Lock()
-	if s.dropped || (s.vanished && !s.goneDue) {
+	s.standing(&in)
+	in.dropped, in.vanished, in.goneDue, in.moved = s.dropped, s.vanished, s.goneDue, s.moved
+	v := decide(in)
+	switch v.act {
+	case actIdle:
 		w.mu.Unlock()
 		return
-	}
-	if s.goneDue {
+	case actGone:
 		s.goneDue = false
 		w.dropLocked(s)
 		w.mu.Unlock()
 		w.sinkGone(s)
+		s.apply(&in, v)
 		return
 	}
+	s.apply(&in, v)
 	path, rel, r := s.path, s.rel, s.root
-	reopen, settle := s.reopen, s.settleDue
-	s.reopen, s.settleDue = false, false
+	in.reopen, in.settle = s.reopen, s.settleDue
+	s.reopen, s.settleDue, s.moved = false, false, false
 	id, idKnown := s.id, s.idKnown
-	if s.moved {
-		s.moved = false
-		s.movePending = s.announced
-	}
 	w.mu.Unlock()
 
-	fi, err := os.Lstat(path)
-	if err != nil {
-		if isGone(err) {
-			w.vanish(s, path)
-		} else {
-			w.fail(s, errReason(err), "stat", err, false)
-		}
+	nid, ok := w.identify(s, path, id, idKnown, &in)
+	if !ok {
+		w.notLooked(s, &in)
 		return
 	}
-	if !fi.Mode().IsRegular() {
-		w.vanish(s, path)
-		return
-	}
-	nid := FileIDOf(fi)
-	if !idKnown || nid != id {
-		if !w.resolve(s, path, nid) {
-			return
-		}
-		if idKnown && s.announced {
-			w.resetTorn(s)
-			s.current, s.pendingWhy = false, Replaced
-		}
-	}
-
 	f, err := os.OpenFile(path, openFlags, 0)
 	if err != nil {
+		w.notLooked(s, &in)
 		if isGone(err) {
 			w.vanish(s, path)
 		} else {
@@ -136,138 +137,207 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return
 	}
 	defer f.Close()
-	if fi, err = f.Stat(); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
+		w.notLooked(s, &in)
 		w.fail(s, errReason(err), "stat", err, false)
 		return
 	}
 	if FileIDOf(fi) != nid {
+		w.notLooked(s, &in)
 		w.again(s, errors.New("file changed between stat and open")) // renamed meanwhile: look again
 		return
 	}
 	size := fi.Size()
 	file := File{Root: r.path, Rel: rel, Path: path, ID: nid, Size: size, MTime: fi.ModTime().UnixNano()}
 
-	if (reopen || size < s.file.Size) && s.current && !s.skip {
-		// Asked to, or smaller than at the last run: bytes the sink was told of (its Open
-		// compared the file at that size with the mirror) are gone, even when none of them
-		// was delivered yet. Pi only appends, or rewrites the whole file (torture T11).
-		s.current, s.pendingWhy = false, Truncated
-	}
-	needOpen, why := false, s.pendingWhy
-	switch {
-	case !s.current:
-		needOpen = true
-	case !w.sameContent(lr, f, s, size) || (settle && !s.skip && w.samePrefix(lr, f, s) == prefixDiffers):
-		if s.movePending {
-			// Not the file we knew under this inode number (it was freed and reused):
-			// the old one is gone, this one is new.
-			w.sinkGone(s)
-			why = Discovered
-		} else {
-			why = Truncated
+	v = w.look(lr, f, s, &in, size, snapOf(fi))
+	switch v.act {
+	case actOpen:
+		if (v.reason == Truncated || v.reason == Rechecked) && s.phase != unopened {
+			w.log.Info("session file changed under what was delivered; opening it again",
+				zap.String("path", path), zap.String("reason", v.reason.String()), zap.Bool("settled_check", in.settle))
 		}
-		s.current, s.pendingWhy, needOpen = false, why, true
-	case s.movePending && !s.skip:
-		needOpen, why = true, Moved
-	case settle && !s.skip && !s.t.prefixOK:
-		// Resumed from a Start: what was delivered before it is not known here, so the
-		// sink compares the whole file with what it mirrored.
-		s.current, s.pendingWhy, needOpen, why = false, Rechecked, true, Rechecked
+		if v.untorn {
+			w.resetTorn(s)
+		}
+		if v = w.announce(ctx, lr, f, s, &in, file, fi, v.reason); v.act != actTail && v.act != actDone {
+			return
+		}
+	case actDone, actTail:
+		s.file = file
 	}
-	s.movePending = s.movePending && needOpen
-	if needOpen && (why == Truncated || why == Rechecked) && s.announced {
-		w.log.Info("session file changed under what was delivered; opening it again",
-			zap.String("path", path), zap.String("reason", why.String()), zap.Bool("settled_check", settle))
+	if v.sayUnsettled {
+		w.settles.Settled(file, false)
 	}
+	if v.act == actDone {
+		w.succeed(s, fi, v.arm)
+		return
+	}
+	w.deliver(ctx, lr, f, s, &in, file, fi)
+}
 
-	if needOpen {
+// notLooked keeps the settled check due when a run that took it ends before it looked at
+// the file (it could not be stat'ed or opened, or was renamed meanwhile): no timer arms
+// it again for a file that does not change after this.
+func (w *Watcher) notLooked(s *fileState, in *seen) {
+	if in.settle {
+		w.mu.Lock()
+		s.settleDue = true
+		w.mu.Unlock()
+	}
+}
+
+// identify settles who owns the path now that a regular file is there, and decides
+// what that means for the sink. ok is false when the run ends here (the path lost, let
+// go, or an error).
+func (w *Watcher) identify(s *fileState, path string, id FileID, idKnown bool, in *seen) (nid FileID, ok bool) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		if isGone(err) {
+			w.vanish(s, path)
+		} else {
+			w.fail(s, errReason(err), "stat", err, false)
+		}
+		return nid, false
+	}
+	if !fi.Mode().IsRegular() {
+		w.vanish(s, path)
+		return nid, false
+	}
+	nid = FileIDOf(fi)
+	if !idKnown || nid != id {
+		if !w.resolve(s, path, nid) {
+			return nid, false
+		}
+		in.replaced = idKnown
+	}
+	in.step = stepIdentify
+	v := decide(*in)
+	if v.untorn {
 		w.resetTorn(s)
-		lead, more, n, err := lr.leadLines(f, size)
-		w.addRead(n)
-		if err != nil {
-			w.fail(s, errReason(err), "read", err, false)
-			return
+	}
+	s.apply(in, v)
+	return nid, true
+}
+
+// look compares the file with what was delivered from it, as far as decide asks, and
+// returns the verdict: open it for the sink, read on, or nothing to read (skipped).
+func (w *Watcher) look(lr *lineReader, f *os.File, s *fileState, in *seen, size int64, now statSnap) verdict {
+	in.step = stepLook
+	in.shrunk = size < s.file.Size
+	in.changed = s.snap.ok && now != s.snap // s.snap is written by this worker only
+	in.resumed, in.pastTail = !s.t.prefixOK, size > s.t.off
+	for {
+		v := decide(*in)
+		switch v.act {
+		case actCheckContent:
+			in.content = w.sameContent(lr, f, s, size)
+		case actCheckPrefix:
+			in.prefix = w.samePrefix(lr, f, s)
+		default:
+			if v.goneFirst {
+				w.sinkGone(s)
+			}
+			s.apply(in, v)
+			return v
 		}
-		if len(lead) == 0 {
-			// Empty or header torn: held until the first line completes.
-			w.setState(s, statePending)
-			w.succeed(s, fi)
-			return
-		}
-		hdr := lead[0]
+	}
+}
+
+// announce opens the file for the sink (Sink.Open, with reason why) and takes its
+// answer. The verdict is actTail or actDone when the file was opened, with s at the
+// Start the sink gave.
+func (w *Watcher) announce(ctx context.Context, lr *lineReader, f *os.File, s *fileState, in *seen, file File, fi os.FileInfo, why OpenReason) verdict {
+	size := file.Size
+	lead, more, n, err := lr.leadLines(f, size)
+	w.addRead(n)
+	if err != nil {
+		w.fail(s, errReason(err), "read", err, false)
+		return verdict{act: actFail}
+	}
+	in.step, in.reason, in.answer, in.start = stepAnswer, why, answerNoLead, startFits
+	var st Start
+	var t tail
+	if len(lead) > 0 {
 		s.file = file
 		// For Open only: the file's state keeps a digest of the first line (sameContent).
 		file.Lead = &Lead{Lines: lead, More: more}
-		st, err := w.sink.Open(ctx, file, why)
+		st, err = w.sink.Open(ctx, file, why)
 		file.Lead = nil
-		if err != nil {
-			if ctx.Err() == nil {
-				w.fail(s, reasonSinkOpen, "open", err, true)
-			}
-			return
-		}
-		if st.Wait {
-			// The first lines do not decide yet (a title written before its header):
-			// held like a torn first line, opened again when the file changes.
-			w.setState(s, statePending)
-			w.succeed(s, fi)
-			return
-		}
-		t := tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prefixOK: st.Offset == 0}
-		if !st.Skip {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			in.answer = answerCanceled
+		case err != nil:
+			in.answer = answerFailed
+		case st.Wait:
+			in.answer = answerWait
+		case st.Skip:
+			in.answer = answerSkip
+			t = tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prefixOK: st.Offset == 0}
+		default:
+			in.answer = answerStart
+			t = tail{off: st.Offset, ord: st.Ordinal, scanned: st.Offset, prefixOK: st.Offset == 0}
+			// The Start must fit the file, and the line before it is the anchor the
+			// checks of every run compare.
 			if err = checkStart(f, st, size); err == nil && st.Offset > 0 {
 				var n int64
 				t.last, n, err = lr.lineBefore(f, st.Offset)
 				w.addRead(n)
 			}
-			if errors.Is(err, errRewritten) {
-				s.current, s.pendingWhy = false, Truncated
-				w.again(s, err)
-				return
+			switch {
+			case errors.Is(err, errRewritten):
+				in.start = startRewritten
+			case err != nil:
+				in.start = startBad
 			}
-			if err != nil {
-				w.fail(s, reasonBadStart, "open", err, true)
-				return
-			}
+			in.resumed, in.pastTail = !t.prefixOK, size > t.off
 		}
-		s.announced, s.current, s.movePending = true, true, false
-		if s.unsettled && why == Moved {
-			w.settles.Settled(file, false) // the check still pending: the sink's new state hears it
+	}
+	v := decide(*in)
+	s.apply(in, v)
+	switch v.act {
+	case actHold:
+		w.setState(s, statePending)
+		w.succeed(s, fi, v.arm)
+		return v
+	case actStop:
+		return v
+	case actRetry:
+		if in.answer == answerFailed {
+			w.fail(s, reasonSinkOpen, "open", err, true)
 		} else {
-			s.unsettled = false
+			w.fail(s, reasonBadStart, "open", err, true)
 		}
-		s.pendingWhy = Discovered
-		w.mu.Lock()
-		if !s.snap.ok {
-			// The file as the sink was told of it. A first run that ends early (a line
-			// refused, a short read) leaves no complete run to compare with, and the run
-			// that completes may already read a rewritten file: against this, it sees the
-			// change and arms the settled check.
-			s.snap = snapOf(fi)
-		}
-		w.mu.Unlock()
-		s.header, s.skip, s.skipSize = lr.sumHeader(hdr), st.Skip, size
-		s.t = t
-		if st.Skip {
-			w.setState(s, stateSkipped)
-		} else {
-			w.setState(s, stateTailing)
-		}
+		return v
+	case actAgain:
+		w.again(s, err)
+		return v
+	}
+	w.mu.Lock()
+	if !s.snap.ok {
+		// The file as the sink was told of it. A first run that ends early (a line
+		// refused, a short read) leaves no complete run to compare with, and the run
+		// that completes may already read a rewritten file: against this, it sees the
+		// change and arms the settled check.
+		s.snap = snapOf(fi)
+	}
+	w.mu.Unlock()
+	s.header, s.skipSize = lr.sumHeader(lead[0]), size
+	s.t = t
+	if s.phase == skipped {
+		w.setState(s, stateSkipped)
+	} else {
+		w.setState(s, stateTailing)
 	}
 	s.file = file
-	if s.skip {
-		w.succeed(s, fi)
-		return
-	}
+	return v
+}
 
-	// A change is checked by the settled check only (succeed arms it when the file
-	// changed since its last complete run, or a resumed tail finds bytes past its
-	// Start): the sink hears so before the first line of it.
-	if w.settles != nil && !s.unsettled && w.opts.SettleDelay > 0 &&
-		((s.snap.ok && snapOf(fi) != s.snap) || (!s.t.prefixOK && size > s.t.off)) {
-		s.unsettled = true
-		w.settles.Settled(file, false)
-	}
+// deliver reads the lines that completed since the last run into the sink, and decides
+// what the way the read ended means.
+func (w *Watcher) deliver(ctx context.Context, lr *lineReader, f *os.File, s *fileState, in *seen, file File, fi os.FileInfo) {
+	size := file.Size
 	ord := s.t.ord
 	n, err := lr.advance(f, &s.t, size, func(l Line) error {
 		if err := ctx.Err(); err != nil {
@@ -279,49 +349,46 @@ func (w *Watcher) run(ctx context.Context, lr *lineReader, s *fileState) {
 		return nil
 	})
 	w.addRead(n)
-	// A tail resumed from a Start that finds lines past it, or the start of one (a torn
-	// tail): the file changed while the daemon was away, perhaps rewritten keeping the
-	// line before the Start. The settled check then has it compared with the mirror
-	// (Rechecked).
-	s.resumedGrew = !s.t.prefixOK && (s.t.ord > ord || size > s.t.off)
 	if delivered := s.t.ord - ord; delivered > 0 {
 		w.lines.Add(delivered)
 		w.m.lines.Add(float64(delivered))
 	}
 	var se sinkError
+	isSink := errors.As(err, &se)
+	in.step, in.delivered = stepRead, s.t.ord > ord
+	in.resumed, in.pastTail = !s.t.prefixOK, size > s.t.off
 	switch {
 	case ctx.Err() != nil:
-		return
+		in.read = readCanceled
 	case errors.Is(err, errRewritten):
-		// Bytes already delivered, or read for the next line, changed under the read:
-		// nothing of the new content was delivered; it is opened again as a rewrite.
-		s.current, s.pendingWhy = false, Truncated
-		w.again(s, err)
-		return
+		in.read = readRewritten
 	case errors.Is(err, errShortRead):
-		w.again(s, err) // it shrank while being read: the next run says how
-		return
-	case errors.As(err, &se) && errors.Is(se.err, ErrReopen):
-		// The sink found the file no longer matches what it mirrored: open it again as a
-		// rewrite, at once.
-		s.current, s.pendingWhy = false, Truncated
-		w.again(s, se.err)
-		return
-	case errors.As(err, &se):
-		w.fail(s, reasonSinkLine, "line", se.err, true)
-		return
+		in.read = readShort
+	case isSink && errors.Is(se.err, ErrReopen):
+		in.read, err = readSinkReopen, se.err
+	case isSink:
+		in.read, err = readSinkFailed, se.err
 	case err != nil:
+		in.read = readFailed
+	default:
+		in.read = readDone
+	}
+	v := decide(*in)
+	s.apply(in, v)
+	switch v.act {
+	case actAgain:
+		w.again(s, err)
+	case actRetry:
+		w.fail(s, reasonSinkLine, "line", err, true)
+	case actFail:
 		w.fail(s, errReason(err), "read", err, false)
-		return
+	case actDone:
+		if v.saySettled {
+			w.settles.Settled(file, true)
+		}
+		w.setTorn(s, s.t.off, size-s.t.off)
+		w.succeed(s, fi, v.arm)
 	}
-	if settle && s.unsettled && s.t.ord == ord {
-		// The settled check found every delivered byte in place (a change would have
-		// reopened the file above), and nothing was delivered since.
-		s.unsettled = false
-		w.settles.Settled(file, true)
-	}
-	w.setTorn(s, s.t.off, size-s.t.off)
-	w.succeed(s, fi)
 }
 
 // setTorn reports a change of the torn tail.
@@ -367,8 +434,10 @@ func (w *Watcher) again(s *fileState, why error) {
 
 const maxAgains = 3
 
-// succeed records what a complete run saw and clears the error state.
-func (w *Watcher) succeed(s *fileState, fi os.FileInfo) {
+// succeed records what a complete run saw and clears the error state. With arm (decide:
+// the file changed since its last complete run), every delivered byte is checked once it
+// has been quiet for SettleDelay: a rewrite the checks of every run cannot see.
+func (w *Watcher) succeed(s *fileState, fi os.FileInfo, arm bool) {
 	if s.errKey != "" {
 		w.log.Info("session file processed again after errors", zap.String("path", s.file.Path), zap.Int64("offset", s.t.off))
 		s.errKey = ""
@@ -376,9 +445,7 @@ func (w *Watcher) succeed(s *fileState, fi os.FileInfo) {
 	s.backoff, s.agains = 0, 0
 	snap := snapOf(fi)
 	w.mu.Lock()
-	if ((s.snap.ok && snap != s.snap) || s.resumedGrew) && s.current && !s.skip && w.opts.SettleDelay > 0 {
-		// Changed since the last complete run: once it has been quiet for SettleDelay,
-		// every delivered byte is checked (a rewrite the per-run checks cannot see).
+	if arm {
 		s.settleAt = w.afterLocked(w.opts.SettleDelay, s, kindSettle)
 	}
 	s.snap, s.needRun = snap, false

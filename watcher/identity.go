@@ -42,7 +42,7 @@ func (w *Watcher) resolve(s *fileState, path string, nid FileID) bool {
 				w.mu.Unlock()
 				return false
 			}
-			forget := s.inByID || s.announced
+			forget := s.inByID || s.phase != unopened
 			w.aliasLocked(s, nid)
 			if w.byID[nid] != t || t.vanished || t.dropped || t.path != tPath {
 				w.scheduleLocked(s) // the tailed name changed meanwhile: look again
@@ -140,8 +140,8 @@ func (w *Watcher) dropLocked(s *fileState) {
 // sinkGone tells the sink a file it knows is gone. Worker of s only.
 func (w *Watcher) sinkGone(s *fileState) {
 	w.resetTorn(s)
-	if s.announced {
-		s.announced, s.current = false, false
+	if s.phase != unopened {
+		s.phase = unopened
 		w.sink.Gone(s.file)
 		w.log.Debug("file gone", zap.String("path", s.file.Path))
 	}

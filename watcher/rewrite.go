@@ -32,7 +32,8 @@ var errRewritten = errors.New("file rewritten while it was read")
 // checkLast reads the line last delivered (with its '\n') again and compares its digest.
 // It also checks that a '\n' comes just before it: a rewrite that moved the lines one
 // byte on would otherwise pass for an empty line (its '\n' is now the previous line's),
-// and the empty line would be delivered again at the next ordinal (torture T12).
+// and the empty line would be delivered again at the next ordinal: one line more than
+// the file holds.
 func (lr *lineReader) checkLast(r io.ReaderAt, last lineSum) (int64, error) {
 	if !last.ok {
 		return 0, nil
@@ -189,37 +190,38 @@ func (lr *lineReader) sumHeader(hdr []byte) headerSum {
 
 // sameContent reports whether what was delivered from s is still in the file: not
 // shorter, the same header, and the same last delivered line where it was.
-func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size int64) bool {
+func (w *Watcher) sameContent(lr *lineReader, r io.ReaderAt, s *fileState, size int64) contentCheck {
+	skip := s.phase == skipped
 	ref := s.t.off
-	if s.skip {
+	if skip {
 		ref = s.skipSize
 	}
 	if size < ref {
-		return false
+		return contentShorter
 	}
 	if want := s.header.want; want > 0 {
 		if size < want {
-			return false
+			return contentShorter
 		}
 		n := lr.headerCheckLen(want)
 		buf := lr.buf[:n]
 		got, err := r.ReadAt(buf, 0)
 		w.addRead(int64(got))
 		if err != nil && got < n {
-			return false
+			return contentShorter
 		}
 		lr.h.Reset()
 		lr.h.Write(buf)
 		if lr.h.Sum64() != s.header.sum {
-			return false
+			return contentHeader
 		}
 	}
-	if !s.skip {
+	if !skip {
 		n, err := lr.checkLast(r, s.t.last)
 		w.addRead(n)
 		if err != nil {
-			return false
+			return contentLastLine
 		}
 	}
-	return true
+	return contentSame
 }

@@ -619,3 +619,45 @@ func TestHeaderRewrittenSameSize(t *testing.T) {
 		})
 	}
 }
+
+// TestSettledCheckDueSurvivesAFailedRun: a run that takes a due settled check and ends
+// before it looks at the file (here it cannot be opened) leaves the check due. A file
+// that does not change again arms no timer of its own, so a rewrite that kept the header
+// and the last delivered line would otherwise be found only by a later change.
+func TestSettledCheckDueSurvivesAFailedRun(t *testing.T) {
+	if os.Geteuid() == 0 {
+		rerunAsNobody(t, t.Name()) // root opens any file whatever its mode
+		return
+	}
+	const settle = 200 * time.Millisecond
+	root := t.TempDir()
+	p := filepath.Join(root, "s.jsonl")
+	old := session("unopened", 4)
+	repl := slices.Clone(old)
+	repl[2] = strings.Replace(repl[2], "unop0002", "UNOP0002", 1)
+	writeFile(t, p, joinLines(old...))
+	sink := newRecSink()
+	h := start(t, sink, []string{root}, func(o *Options) { o.SettleDelay = settle })
+	h.ready(t)
+	waitLines(t, sink, p, old...)
+	time.Sleep(20 * time.Millisecond) // a modification time of its own
+	overwrite(t, p, joinLines(repl...))
+	waitFor(t, "the change told unsettled", func() bool { return len(sink.find("settled", p)) == 1 })
+	// Unreadable before the settled check comes due, readable again after it came.
+	if err := os.Chmod(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * settle)
+	if r := sink.reasons(p); len(r) != 1 {
+		t.Fatalf("opens %v while unreadable", r)
+	}
+	if err := os.Chmod(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the rewritten line after a Truncated open", func() bool {
+		return strings.Join(sinceLastOpen(sink, p), "\n") == strings.Join(repl, "\n")
+	})
+	if r := sink.reasons(p); r[len(r)-1] != Truncated {
+		t.Fatalf("opens %v", r)
+	}
+}

@@ -68,9 +68,10 @@ func (lr *lineReader) prefixOf(r io.ReaderAt, end int64) (prefix uint64, lines, 
 type prefixCheck int
 
 const (
-	prefixSame    prefixCheck = iota
-	prefixDiffers             // a delivered line changed: a rewrite
-	prefixUnknown             // a tail resumed from a Start: nothing to compare with
+	prefixUnchecked prefixCheck = iota
+	prefixSame
+	prefixDiffers // a delivered line changed: a rewrite
+	prefixUnknown // a tail resumed from a Start: nothing to compare with
 )
 
 // samePrefix reports whether every line delivered from s is still in the file, byte for

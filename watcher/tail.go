@@ -157,7 +157,8 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 			}
 			if l.Data == nil {
 				// The digest of the bytes just checked, which the sink's re-read must
-				// find (torture T20).
+				// find: a rewrite between the two reads would otherwise be mirrored
+				// under this line.
 				l.SHA256 = &lr.digest
 			}
 			if err := emit(l); err != nil {
