@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
 )
@@ -45,7 +46,7 @@ func TestRewriteDuringBackfill(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(path, joinRaw(lines), 0o600); err != nil {
+		if err := os.WriteFile(path, mirrortest.JoinLines(lines), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		files, paths = append(files, lines), append(paths, path)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/mirrortest"
 	"github.com/pisync/pisync/internal/natstest"
 	"github.com/pisync/pisync/internal/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -224,8 +225,8 @@ func TestEverySessionFileIsMirrored(t *testing.T) {
 	if err := whole.Append(whole.HeaderLine("/home/dev/gone"), whole.Message(200), whole.Message(200), whole.Message(200)); err != nil {
 		t.Fatal(err)
 	}
-	headerless := mirrorTestContent(t, whole.Path)[2:] // every line but the header
-	if err := os.WriteFile(whole.Path, joinRaw(headerless), 0o600); err != nil {
+	headerless := whole.Lines[1:] // every line but the header
+	if err := os.WriteFile(whole.Path, mirrortest.JoinLines(headerless), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	titled := sessiontest.New(rng, root, "/home/dev/omp", sessiontest.HarnessV3)
@@ -261,7 +262,7 @@ func TestEverySessionFileIsMirrored(t *testing.T) {
 		if g := readGen(t, r, f.ID, 0); g.Number != 1 {
 			t.Errorf("%s: generation %d", f.Path, g.Number)
 		}
-		size := int64(len(mirrorTestContent(t, f.Path)[0]))
+		size := int64(len(readAll(t, f.Path)))
 		waitFor(t, 20*time.Second, "the head of "+f.Path, func() (bool, string) {
 			h, _, err := r.Head(ctx, c)
 			return err == nil && h.Bytes == size, fmt.Sprint(err)
@@ -290,7 +291,7 @@ func TestEverySessionFileIsMirrored(t *testing.T) {
 	// Lost, and recovered into the root.
 	originals := map[string][]byte{}
 	for _, f := range []*sessiontest.File{whole, titled, waiting} {
-		originals[f.Path] = mirrorTestContent(t, f.Path)[0]
+		originals[f.Path] = readAll(t, f.Path)
 		if err := os.Remove(f.Path); err != nil {
 			t.Fatal(err)
 		}
@@ -315,67 +316,17 @@ func TestEverySessionFileIsMirrored(t *testing.T) {
 	if err != nil || hdr.ID != whole.ID || hdr.Cwd != "/home/dev/gone" || hdr.Format != session.FormatV3 {
 		t.Errorf("synthesized header %q: %+v %v", first, hdr, err)
 	}
-	if !bytes.Equal(rest, joinRaw(headerless)) {
-		t.Errorf("the headerless file's lines are not kept byte for byte after the header:\n%s\nwant\n%s", rest, joinRaw(headerless))
+	if !bytes.Equal(rest, mirrortest.JoinLines(headerless)) {
+		t.Errorf("the headerless file's lines are not kept byte for byte after the header:\n%s\nwant\n%s", rest, mirrortest.JoinLines(headerless))
 	}
 }
 
-// mirrorTestContent returns a file's content whole (at 0) and its complete lines after it.
-func mirrorTestContent(t *testing.T, path string) [][]byte {
+// readAll is the content of the file at path.
+func readAll(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return append([][]byte{b}, completeLines(b)...)
-}
-
-// joinRaw is lines, each ended by a newline.
-func joinRaw(lines [][]byte) []byte {
-	var out []byte
-	for _, l := range lines {
-		out = append(append(out, l...), '\n')
-	}
-	return out
-}
-
-// TestKnownSessionCutBackToItsTitle: a title-first session cut back to its title line
-// no longer begins like a session, but it is one the daemon knows: its newest generation
-// holds the title alone, found shrunk; a long line appended after it (past what the
-// watcher hands Open) keeps it a session.
-func TestKnownSessionCutBackToItsTitle(t *testing.T) {
-	rng := rand.New(rand.NewPCG(67, 68))
-	srv := natstest.Run(t)
-	root := t.TempDir()
-	f := sessiontest.New(rng, root, "/home/dev/omp", sessiontest.HarnessV3)
-	title := f.TitleLine("cut back")
-	if err := f.Append(title, f.HeaderLine("/home/dev/omp"), f.Message(200), f.Message(200)); err != nil {
-		t.Fatal(err)
-	}
-	d := startTestDaemon(t, "--nats", srv.URL(), "--root", root, "--state-dir", t.TempDir())
-	defer d.stop()
-	r := newReader(t, natstest.Connect(t, srv.URL()), "t1", "alice")
-	allMirrored(t, r, root, 20*time.Second)
-
-	if err := sessiontest.Rewrite(f.Path, [][]byte{title}); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	waitFor(t, 20*time.Second, "the title alone as a shrunk generation", func() (bool, string) {
-		g := readGen(t, r, f.ID, 0)
-		h, _, err := r.Head(ctx, mustConv(t, r, f.ID))
-		return g.Number == 2 && len(g.Msgs) == 1 && err == nil && h.Shrunk != nil && h.Shrunk.Missing == 2,
-			fmt.Sprintf("generation %d of %d lines, head %+v %v", g.Number, len(g.Msgs), h.Shrunk, err)
-	})
-	big := f.ImageEntry(100 << 10)
-	if err := sessiontest.AppendBytes(f.Path, append(big, '\n')); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, "the long line after the title", func() (bool, string) {
-		g := readGen(t, r, f.ID, 0)
-		return g.Number == 2 && len(g.Msgs) == 2, fmt.Sprintf("generation %d of %d lines", g.Number, len(g.Msgs))
-	})
-	if v := metricValue(t, d, "pisync_skipped_files_total", nil); v != 0 {
-		t.Errorf("a known session counted as skipped: %v", v)
-	}
+	return b
 }
