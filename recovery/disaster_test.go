@@ -203,3 +203,43 @@ func TestHomeForLayoutRule(t *testing.T) {
 		t.Errorf("a source path leaving the root: %v %v", got, err)
 	}
 }
+
+// TestIncompleteForkNotRestored: a fork the session store has not finished copying
+// (its header's Pisync-Fork mark counts more entries than the stream holds) is refused,
+// as open and list refuse it; complete, it is restored byte for byte.
+func TestIncompleteForkNotRestored(t *testing.T) {
+	const id = "0192f0a4-5e1c-7a3b-9c2d-0000000000d4"
+	lines := disasterLines(id, 3)
+	tm := newTestMirror(t)
+	ctx := mirrortest.Ctx(t)
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	conv, err := tm.Reader.Conv(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(msgs []mirror.Msg) {
+		for _, msg := range msgs {
+			nm := tm.Names.NewMsg(conv, msg.Line, msg.Data)
+			if msg.Kind == mirror.KindHeader {
+				nm.Header.Set(mirror.HdrFork, `{"entries":3,"source":"src","generation":1,"lastSeq":9}`)
+			}
+			if _, err := tm.JS.PublishMsg(ctx, nm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish(m.Msgs[:2]) // the header and one entry of three
+	rep := New(tm.Reader, Options{Out: t.TempDir()}).One(ctx, id)
+	if rep.Result != Refused || !strings.Contains(rep.Reason, ErrIncompleteFork.Error()) || !strings.Contains(rep.Reason, "1 of its 3 entries") {
+		t.Fatalf("incomplete fork: %s: %s", rep.Result, rep.Reason)
+	}
+	publish(m.Msgs[2:])
+	out := t.TempDir()
+	rep = New(tm.Reader, Options{Out: out}).One(ctx, id)
+	if rep.Result != Written {
+		t.Fatalf("complete fork: %s: %s", rep.Result, rep.Reason)
+	}
+	if got, err := os.ReadFile(rep.Output); err != nil || !bytes.Equal(got, mirrortest.JoinLines(lines)) {
+		t.Fatalf("complete fork not byte-identical (%v)", err)
+	}
+}

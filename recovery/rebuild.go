@@ -30,7 +30,8 @@ type Line struct {
 	Source    string
 	Seq       uint64
 	Time      time.Time
-	header    bool // the session header (mirrored as kind header, or as a blob of its type)
+	header    bool   // the session header (mirrored as kind header, or as a blob of its type)
+	fork      string // the header's HdrFork: a fork of the session store (checkFork)
 }
 
 // isHeader reports whether l is the session header line.
@@ -61,7 +62,8 @@ func headerIndex(lines []Line) int {
 // recovery a tenth of its time.
 func LineFromMsg(m mirror.Msg) Line {
 	l := Line{Ordinal: m.Ordinal, Kind: m.Kind, SHA256: m.SHA256, Data: m.Data, BlobSize: m.BlobSize,
-		Format: m.Format, Source: m.Source, Seq: m.Seq, Time: m.Time, header: m.Kind == mirror.KindHeader || m.EntryType == mirror.HeaderEntryType}
+		Format: m.Format, Source: m.Source, Seq: m.Seq, Time: m.Time, header: m.Kind == mirror.KindHeader || m.EntryType == mirror.HeaderEntryType,
+		fork: m.Fork}
 	if l.header || l.Kind == mirror.KindRaw {
 		return l
 	}

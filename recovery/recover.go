@@ -282,6 +282,9 @@ func (r *Recoverer) finish(ctx context.Context, key string, g generation, head *
 	if err := inlineBlobs(ctx, r.m, g.lines); err != nil {
 		return fail(resultOf(err), err)
 	}
+	if err := checkFork(g.lines); err != nil {
+		return fail(Refused, err)
+	}
 	plan, err := Rebuild(Input{Key: key, Generation: g.number, Generations: g.numbers, Lines: g.lines, Head: head,
 		DropRaw: r.opts.DropRaw, PointInTime: !r.opts.At.IsZero()})
 	if err != nil {
