@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/pisync/pisync/internal/pitest"
 )
 
 // The store torture's model of what the store acknowledged, its operations, and the
@@ -409,6 +411,43 @@ func (st *storeTorture) checkRecover() {
 		}
 		if string(b) != want {
 			st.t.Errorf("recover of %s differs from open: %d bytes, want %d", id, len(b), len(want))
+		}
+	}
+	st.piReads(files)
+}
+
+// piReads has Pi's JsonlSessionRepo (the harness loader) read every recovered file: it
+// must open each and find the entries open returned, in order.
+func (st *storeTorture) piReads(files map[string]string) {
+	pi := pitest.New(st.t)
+	var reqs []pitest.DumpRequest
+	for id := range st.model.convs {
+		if p, ok := files[id]; ok {
+			reqs = append(reqs, pitest.DumpRequest{Path: p, Loader: "harness"})
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	dumps := pi.DumpMany(st.t, reqs)
+	for id, conv := range st.model.convs {
+		d, ok := dumps[files[id]]
+		if !ok {
+			continue
+		}
+		if d.Error != "" {
+			st.t.Errorf("Pi refuses the recovered %s: %s", id, d.Error)
+			continue
+		}
+		var got, want []string
+		for _, e := range d.Dump.Entries {
+			got = append(got, e.ID)
+		}
+		for _, e := range conv.entries {
+			want = append(want, e.id)
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			st.t.Errorf("Pi reads the recovered %s as entries %v; open returned %v", id, got, want)
 		}
 	}
 }
