@@ -84,6 +84,35 @@ func (w *JetStreamWait) Do(ctx context.Context, timeout time.Duration, what stri
 	return fmt.Errorf("%s: %w", what, err)
 }
 
+// Retry runs op again while it fails because JetStream is not ready (NotReady), for as
+// long as timeout from the first attempt (0: until ctx ends), with the backoff of Do.
+// Unlike Do it never cuts an attempt short: op is a read whose length grows with what it
+// reads (every head of an owner), bounded by its own requests' timeouts.
+func (w *JetStreamWait) Retry(ctx context.Context, timeout time.Duration, what string, op func(context.Context) error) error {
+	start := time.Now()
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = jsFirstWait, jsMaxWait, timeout
+	attempts := 0
+	err := backoff.RetryNotify(func() error {
+		attempts++
+		err := op(ctx)
+		if err != nil && ctx.Err() == nil && !NotReady(err) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(bo, ctx), func(err error, wait time.Duration) {
+		w.notReady(what, err, attempts, wait)
+	})
+	if err == nil {
+		w.ready(what, attempts, time.Since(start))
+		return nil
+	}
+	if NotReady(err) {
+		return fmt.Errorf("%s: JetStream not ready after %v: %w", what, time.Since(start).Round(time.Millisecond), err)
+	}
+	return err
+}
+
 // Reason says why JetStream is not ready, "" when it answered (or was not asked yet, or
 // w is nil).
 func (w *JetStreamWait) Reason() string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,34 @@ func TestJetStreamWaitDo(t *testing.T) {
 	})
 	if !errors.Is(err, nats.ErrNoResponders) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Do past its timeout: %v, want the deadline and the last error", err)
+	}
+}
+
+// TestRetry: a read retried while JetStream is not ready, never cut short, and given up
+// at once for any other error or once the wait is over.
+func TestRetry(t *testing.T) {
+	w := NewJetStreamWait(zap.NewNop(), nil)
+	ctx := context.Background()
+	calls := 0
+	err := w.Retry(ctx, time.Minute, "list", func(ctx context.Context) error {
+		if _, ok := ctx.Deadline(); ok {
+			t.Error("an attempt was given a deadline")
+		}
+		if calls++; calls < 3 {
+			return fmt.Errorf("list heads: %w", context.DeadlineExceeded)
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("not ready twice, then ready: %v after %d calls", err, calls)
+	}
+	calls = 0
+	permanent := errors.New("no such stream")
+	if err := w.Retry(ctx, time.Minute, "list", func(context.Context) error { calls++; return permanent }); !errors.Is(err, permanent) || calls != 1 {
+		t.Fatalf("another error: %v after %d calls", err, calls)
+	}
+	err = w.Retry(ctx, 300*time.Millisecond, "list", func(context.Context) error { return nats.ErrNoResponders })
+	if err == nil || !strings.Contains(err.Error(), "JetStream not ready after") {
+		t.Fatalf("never ready: %v", err)
 	}
 }

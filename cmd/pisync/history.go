@@ -41,8 +41,11 @@ func HistoryCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer closeMirror()
-	sel, err := recovery.Select(ctx, m, ids, false)
-	if err != nil {
+	var sel recovery.Selection
+	if err := readWhenReady(ctx, &conn, stderr, "list the conversations", func(ctx context.Context) (err error) {
+		sel, err = recovery.Select(ctx, m, ids, false)
+		return err
+	}); err != nil {
 		return err
 	}
 	warnBadHeads(stderr, sel.BadHeads)

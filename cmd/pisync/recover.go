@@ -95,8 +95,11 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer closeMirror()
-	sel, err := recovery.Select(ctx, m, ids, f.all)
-	if err != nil {
+	var sel recovery.Selection
+	if err := readWhenReady(ctx, &f.conn, stderr, "list the conversations", func(ctx context.Context) (err error) {
+		sel, err = recovery.Select(ctx, m, ids, f.all)
+		return err
+	}); err != nil {
 		return err
 	}
 	warnBadHeads(stderr, sel.BadHeads)
@@ -292,6 +295,17 @@ func openMirror(ctx context.Context, c *connFlags, name string, stderr io.Writer
 		return nil, mirror.Owner{}, nil, err
 	}
 	return m, owner, closeAll, nil
+}
+
+// readWhenReady runs a command's first read of the mirror (listing the conversations),
+// again while JetStream is not ready: a cluster restarted a moment ago binds the mirror
+// before every stream has its leader back. It waits as long as for the connection.
+func readWhenReady(ctx context.Context, c *connFlags, stderr io.Writer, what string, op func(context.Context) error) error {
+	log, err := newLogger("warn", "console", stderr)
+	if err != nil {
+		return err
+	}
+	return natsconn.NewJetStreamWait(log, nil).Retry(ctx, c.connectTO, what, op)
 }
 
 // gatedWriter passes writes through until closed, then drops them.

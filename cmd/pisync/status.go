@@ -47,8 +47,11 @@ func StatusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer closeMirror()
-	sv, err := verify.Survey(ctx, m, f.roots.get(), f.host)
-	if err != nil {
+	var sv verify.Surveyed
+	if err := readWhenReady(ctx, &f.conn, stderr, "list the conversations", func(ctx context.Context) (err error) {
+		sv, err = verify.Survey(ctx, m, f.roots.get(), f.host)
+		return err
+	}); err != nil {
 		return err
 	}
 	warnBadHeads(stderr, sv.BadHeads)
