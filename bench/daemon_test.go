@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // The daemon cases (idle, memory, scaling) run the real binary as a child process, so

@@ -15,9 +15,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // blobThreshold is the publisher's default: lines above it go to the object store.

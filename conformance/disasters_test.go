@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/pitest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/pitest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
 )

@@ -20,11 +20,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/pitest"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/pitest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/session"
 )
 
 // The tenant and owner every test daemon publishes under.

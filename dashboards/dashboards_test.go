@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/promcheck"
+	"github.com/pisync/pisync/internal/testutil/promcheck"
 )
 
 const exportedFile = "testdata/exported-metrics.txt"

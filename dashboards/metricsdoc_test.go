@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/promcheck"
+	"github.com/pisync/pisync/internal/testutil/promcheck"
 )
 
 const metricsDoc = "../README.md"

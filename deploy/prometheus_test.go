@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/promcheck"
+	"github.com/pisync/pisync/internal/testutil/promcheck"
 )
 
 // The alerts issue 5 asks for; each must exist, be tested and have a runbook section.

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 

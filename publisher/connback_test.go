@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // TestConnBackWakesOnReconnect: a reconciliation waiting on connBack is woken when the

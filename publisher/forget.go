@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/checkpoint"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )

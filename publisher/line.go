@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/lograte"
+	"github.com/pisync/pisync/internal/logx"
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -520,7 +520,7 @@ func (p *Publisher) reconcile(st *fileState, cause error) {
 		}
 		return bo.next(), false
 	}
-	failed := lograte.Run{Every: 20}
+	failed := logx.Run{Every: 20}
 	log := p.log.With(zap.String("path", st.file.Path))
 	if pressured {
 		// The gate reports the cluster's refusal once for the host, not once per file.

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // TestLineBuffersReusedKeepTheirBytes: the buffer of a line's message goes back to a pool

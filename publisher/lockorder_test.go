@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/watcher"
 )
 

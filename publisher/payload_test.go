@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // TestSmallServerPayloadBackfillFlows pins issue 13 item 2: with a server max_payload of

@@ -19,8 +19,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/semaphore"
 
-	"github.com/pisync/pisync/checkpoint"
-	"github.com/pisync/pisync/lograte"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/logx"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )
@@ -94,8 +94,8 @@ type Publisher struct {
 	quarantined quarantineList
 	gate        *gate // holds publishing back while the cluster has no room
 
-	commitFailures lograte.Run // consecutive, for rate-limited logging
-	headFailures   lograte.Run
+	commitFailures logx.Run // consecutive, for rate-limited logging
+	headFailures   logx.Run
 
 	dirtyMu   sync.Mutex // guards the two sets below; taken after a file's mutex, never before
 	dirtyCP   map[*fileState]struct{}
@@ -191,7 +191,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		resyncs:        semaphore.NewWeighted(maxResyncs),
 		acks:           make(chan pending, opts.WindowMessages),
 		closing:        make(chan struct{}),
-		commitFailures: lograte.Run{Every: 100}, headFailures: lograte.Run{Every: 1000},
+		commitFailures: logx.Run{Every: 100}, headFailures: logx.Run{Every: 1000},
 		files:   map[watcher.FileID]*fileState{},
 		byPath:  map[string]watcher.FileID{},
 		dirtyCP: map[*fileState]struct{}{}, dirtyHead: map[*fileState]struct{}{},

@@ -11,9 +11,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
 )
 

@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )

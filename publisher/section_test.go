@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/watcher"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // apiCounter counts the JetStream API requests and key-value writes a test's clients

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/watcher"
 )
 

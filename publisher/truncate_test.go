@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/checkpoint"
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/watcher"
 )

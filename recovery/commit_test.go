@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 )
 
 // stageFile stages a one-line file at rel under root, its line naming rel.

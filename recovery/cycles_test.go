@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/internal/session"
 )
 
 func TestCycles(t *testing.T) {

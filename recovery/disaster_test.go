@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 

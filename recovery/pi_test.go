@@ -7,8 +7,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/pitest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/pitest"
 )
 
 // TestRebuiltFilesOpenInPi loads every rebuilt golden file that Pi's harness can read

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // Mirror is what recovery reads from the mirror; *mirror.Reader implements it, scoped to

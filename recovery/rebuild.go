@@ -8,8 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // ErrDigest is wrapped when a line's bytes do not hash to the digest the mirror recorded

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // planBytes is the rebuilt file of a plan without blobs.

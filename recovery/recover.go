@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // Options select and shape a recovery.

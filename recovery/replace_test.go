@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // appendLine appends one whole line at path, as Pi does (open for append, one write,

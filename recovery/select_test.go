@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 )
 
 // TestRecoverTwoHeadsOneFile: two conversation keys whose heads name one file (one file

@@ -8,8 +8,8 @@ import (
 	"path"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // PlaceholderType is the customType of a placeholder entry: it names pisync, and Pi

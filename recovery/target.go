@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/internal/session"
 )
 
 // ErrUnsafePath is wrapped when the mirror's metadata would place a file outside the

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 )
 
 // hostile are path fragments that try to leave a directory or break a name.

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/pisync/pisync/session"
+	"github.com/pisync/pisync/internal/session"
 )
 
 // Blobs opens blob payloads by digest; *mirror.Reader implements it.

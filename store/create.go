@@ -6,8 +6,8 @@ import (
 	"errors"
 	"path"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // checkHeader applies the checks of Pi's parseHeaderLine to a v3 header line.

@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // forkFields are the fields of an entry Pi's fork rules read.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // entryRef is what the store keeps of one line of the generation it serves: enough for

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 	"github.com/pisync/pisync/store"
 )
 

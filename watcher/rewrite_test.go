@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // TestCopyTruncate covers a file rewritten in place (as Pi's migration of a v1 file

@@ -9,7 +9,7 @@ import (
 	"io"
 	"time"
 
-	pisession "github.com/pisync/pisync/session"
+	pisession "github.com/pisync/pisync/internal/session"
 )
 
 // tail is the read position in one file: the next line to deliver, how far past it the

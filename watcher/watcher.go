@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/lograte"
+	"github.com/pisync/pisync/internal/logx"
 )
 
 // Watcher finds session files under its roots and tails them into a Sink.
@@ -53,7 +53,7 @@ type Watcher struct {
 	bufs      sync.Pool // *readBufs
 
 	bytesRead, lines, events, overflows, rescans, errs atomic.Int64
-	sourceErrs                                         lograte.Run // event source errors since start
+	sourceErrs                                         logx.Run // event source errors since start
 }
 
 // New validates opts and returns a Watcher; nothing runs before Run.
@@ -62,7 +62,7 @@ func New(opts Options) (*Watcher, error) {
 		return nil, err
 	}
 	w := &Watcher{
-		sourceErrs: lograte.Run{Every: 100},
+		sourceErrs: logx.Run{Every: 100},
 		opts:       opts,
 		log:        opts.Logger,
 		m:          opts.Metrics,

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/natsconn"
+	"github.com/pisync/pisync/internal/natsconn"
 )
 
 // TestFleetSmoke runs the simulator small: five hosts (three idle, one appending, one

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/checkpoint"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/natsconn"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/publisher"
 	"github.com/pisync/pisync/watcher"
 )

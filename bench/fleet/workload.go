@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // Mix is the fleet's make-up and pace.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/mirror"
 )
 

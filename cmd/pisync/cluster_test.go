@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/mirror"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/redact"
+	"github.com/pisync/pisync/internal/logx"
 )
 
 // envName is the variable that sets a flag: PISYNC_ and the flag name in upper case.
@@ -336,12 +336,12 @@ func checkURLs(urls string) error {
 		if _, err := url.Parse(full); err == nil {
 			continue
 		}
-		scheme, _, rest := redact.SplitUserinfo(full)
+		scheme, _, rest := logx.SplitUserinfo(full)
 		if _, err := url.Parse(scheme + rest); err != nil {
-			return fmt.Errorf("--nats %s: not a URL: %v", redact.URL(u), errors.Unwrap(err))
+			return fmt.Errorf("--nats %s: not a URL: %v", logx.URL(u), errors.Unwrap(err))
 		}
 		// Without its credentials the URL parses: they are what is wrong.
-		return fmt.Errorf("--nats %s: the user or password is not escaped for a URL (%%→%%25, @→%%40, :→%%3A, /→%%2F); or use --nats-user and PISYNC_NATS_PASSWORD", redact.URL(u))
+		return fmt.Errorf("--nats %s: the user or password is not escaped for a URL (%%→%%25, @→%%40, :→%%3A, /→%%2F); or use --nats-user and PISYNC_NATS_PASSWORD", logx.URL(u))
 	}
 	return nil
 }
@@ -349,7 +349,7 @@ func checkURLs(urls string) error {
 // urlCredentials reports whether any of the URLs carries a user, password or token.
 func urlCredentials(urls string) bool {
 	for _, u := range strings.Split(urls, ",") {
-		if _, userinfo, _ := redact.SplitUserinfo(strings.TrimSpace(u)); userinfo != "" {
+		if _, userinfo, _ := logx.SplitUserinfo(strings.TrimSpace(u)); userinfo != "" {
 			return true
 		}
 	}

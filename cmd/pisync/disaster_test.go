@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/mirrortest"
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/session"
-	"github.com/pisync/pisync/verify"
 )
 
 // TestHeaderOnlyOverwriteIsUndoable: a mirrored session overwritten in place by a fresh

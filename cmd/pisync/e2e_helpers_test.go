@@ -21,9 +21,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/session"
 )
 
 // startTestDaemon runs the daemon in-process with the given command-line flags.

@@ -29,8 +29,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/watcher"
 )
 

@@ -23,11 +23,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/verify"
 )
 
 // accountsDir holds the accounts layouts of the deployment kit.

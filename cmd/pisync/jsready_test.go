@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // A cluster that is still coming up: the commands wait for JetStream (issue 26 item 7).

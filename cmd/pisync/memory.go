@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/internal/pages"
+	"github.com/pisync/pisync/internal/sysmem"
 )
 
 // Returning the memory of a burst once the daemon is quiet again.
@@ -174,7 +174,7 @@ func slackGrown(slack, floor, live uint64) bool {
 // releaseFilePages hands back the file pages of a burst: the program's, and the checkpoint
 // store's through releasePages (may be nil).
 func releaseFilePages(log *zap.Logger, releasePages func() error) {
-	if err := pages.ReleaseProgram(); err != nil {
+	if err := sysmem.ReleaseProgram(); err != nil {
 		log.Debug("cannot release the program's pages", zap.Error(err))
 	}
 	if releasePages != nil {

@@ -15,8 +15,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
 
 // exportedMetricsFile is the golden list of the metric families the daemon exports. The

@@ -17,10 +17,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/pisync/pisync/internal/logx"
+	"github.com/pisync/pisync/internal/natsconn"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/redact"
 )
 
 // progressMin is the number of conversations above which a terminal gets a progress bar
@@ -290,7 +290,7 @@ func openMirror(ctx context.Context, c *connFlags, name string, stderr io.Writer
 	if err != nil {
 		closeAll()
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
-			return nil, mirror.Owner{}, nil, fmt.Errorf("no pisync mirror at %s with prefix %q (%v); has pisync run started there?", redact.URL(c.url()), c.prefix, err)
+			return nil, mirror.Owner{}, nil, fmt.Errorf("no pisync mirror at %s with prefix %q (%v); has pisync run started there?", logx.URL(c.url()), c.prefix, err)
 		}
 		return nil, mirror.Owner{}, nil, err
 	}

@@ -16,11 +16,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/verify"
 )
 
 // treeOf maps each session file under root (relative path) to its content.

@@ -17,13 +17,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/checkpoint"
-	"github.com/pisync/pisync/internal/pages"
+	"github.com/pisync/pisync/internal/checkpoint"
+	"github.com/pisync/pisync/internal/logx"
+	"github.com/pisync/pisync/internal/natsconn"
+	"github.com/pisync/pisync/internal/sysmem"
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natsconn"
 	"github.com/pisync/pisync/publisher"
-	"github.com/pisync/pisync/redact"
-	"github.com/pisync/pisync/verify"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -234,10 +234,10 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	d.memCancel, d.memDone = mcancel, make(chan struct{})
 	go func() {
 		defer close(d.memDone)
-		releaseMemory(mctx, log, func() error { return started.store.ReleasePages(pages.Unmap) })
+		releaseMemory(mctx, log, func() error { return started.store.ReleasePages(sysmem.Unmap) })
 	}()
 	d.up.Store(true)
-	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", redact.URL(f.conn.url())),
+	log.Info("pisync running", zap.Strings("roots", f.roots.get()), zap.String("nats", logx.URL(f.conn.url())),
 		zap.String("tenant", owner.Tenant), zap.String("owner", owner.Name), zap.String("http", f.httpAddr))
 	d.scanDone = make(chan struct{})
 	go func() {

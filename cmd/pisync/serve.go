@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/pisync/pisync/internal/logx"
+	"github.com/pisync/pisync/internal/natsconn"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/natsconn"
-	"github.com/pisync/pisync/redact"
 	"github.com/pisync/pisync/store"
 )
 
@@ -151,7 +151,7 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	ready.Store(true)
 	log.Info("pisync serve running", zap.String("service", store.ServiceName), zap.String("subjects", names.StoreService("*")),
-		zap.String("nats", redact.URL(f.conn.url())), zap.String("http", f.httpAddr))
+		zap.String("nats", logx.URL(f.conn.url())), zap.String("http", f.httpAddr))
 	<-ctx.Done()
 	log.Info("shutting down")
 	ready.Store(false)

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/pisync/pisync/embedded"
-	"github.com/pisync/pisync/natsconn"
-	"github.com/pisync/pisync/redact"
+	"github.com/pisync/pisync/internal/embedded"
+	"github.com/pisync/pisync/internal/logx"
+	"github.com/pisync/pisync/internal/natsconn"
 )
 
 // This file wires the connection flags to the packages that do the work: embedded
@@ -61,7 +61,7 @@ func secureStateDir(log *zap.Logger, dir string) {
 // the client reconnects forever by itself. Every log line of the connection and the
 // error returned have the configured secrets replaced by "***".
 func (c *connFlags) connect(ctx context.Context, name string, timeout time.Duration, log *zap.Logger, m *natsconn.Metrics, extra ...nats.Option) (*nats.Conn, error) {
-	s := redact.New(c.secrets())
+	s := logx.NewScrubber(c.secrets())
 	log = s.Logger(log)
 	opts, err := c.natsOptions(log)
 	if err != nil {
@@ -74,5 +74,5 @@ func (c *connFlags) connect(ctx context.Context, name string, timeout time.Durat
 // secrets are the values that must never appear in a log line or a message: password,
 // token and the credentials of the URLs, as given and as decoded or quoted.
 func (c *connFlags) secrets() []string {
-	return redact.Secrets(c.password.value, c.token.value, c.natsURL)
+	return logx.Secrets(c.password.value, c.token.value, c.natsURL)
 }

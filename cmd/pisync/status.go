@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
-	"github.com/pisync/pisync/verify"
 )
 
 // surveyFlags are the flags of status and verify: how to reach the mirror, and which

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pisync/pisync/internal/natstest"
-	"github.com/pisync/pisync/internal/sessiontest"
-	"github.com/pisync/pisync/verify"
+	"github.com/pisync/pisync/internal/testutil/natstest"
+	"github.com/pisync/pisync/internal/testutil/sessiontest"
+	"github.com/pisync/pisync/internal/verify"
 )
 
 // TestStatusAndVerifyStates mirrors a tree with the daemon, stops it, then leaves one

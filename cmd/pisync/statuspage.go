@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pisync/pisync/internal/logx"
 	"github.com/pisync/pisync/publisher"
-	"github.com/pisync/pisync/redact"
 	"github.com/pisync/pisync/watcher"
 )
 
@@ -196,7 +196,7 @@ func (rs *rootState) percents() {
 }
 
 func (d *daemon) natsStatus() natsStatus {
-	s := natsStatus{URL: redact.URL(d.f.conn.url()), Embedded: d.f.conn.natsURL == "", State: "connecting"}
+	s := natsStatus{URL: logx.URL(d.f.conn.url()), Embedded: d.f.conn.natsURL == "", State: "connecting"}
 	if !d.up.Load() {
 		return s
 	}

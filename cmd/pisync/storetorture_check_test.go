@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/pisync/pisync/internal/pitest"
+	"github.com/pisync/pisync/internal/testutil/pitest"
 )
 
 // The store torture's model of what the store acknowledged, its operations, and the

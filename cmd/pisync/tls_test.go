@@ -33,7 +33,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/pisync/pisync/internal/natstest"
+	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // secCA is a certificate authority made for one test.

@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
-	"github.com/pisync/pisync/verify"
 )
 
 // The outcomes of verify for one file.
