@@ -24,6 +24,8 @@ require (
 	golang.org/x/term v0.47.0
 )
 
+require github.com/gofrs/flock v0.13.2 // indirect
+
 require (
 	github.com/aclements/go-moremath v0.0.0-20210112150236-f10218a38794 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect

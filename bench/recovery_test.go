@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/mirror"
 	"github.com/pisync/pisync/recovery"
@@ -181,51 +179,10 @@ func runRecovery(tb testing.TB, fx *mirrorFixture, dryRun bool, parallel int) ti
 // owner, reading every message, bodies included.
 func rawRead(tb testing.TB, fx *mirrorFixture) timed {
 	tb.Helper()
-	ctx := context.Background()
-	nc := natstest.Connect(tb, fx.url)
-	defer nc.Close()
-	js := jsOf(tb, nc)
-	names := mirror.DefaultNames()
 	settle()
 	stopProfile := profile(tb, "recovery-raw-read")
 	defer stopProfile()
-	stop := startTimed()
-	cons, err := js.OrderedConsumer(ctx, names.Stream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{names.OwnerSubjects(owner(tb))},
-		InactiveThreshold: 5 * time.Second,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer func() {
-		// Not left to count against the stream's consumer limit during the next runs.
-		if info := cons.CachedInfo(); info != nil {
-			_ = js.DeleteConsumer(ctx, names.Stream(), info.Name)
-		}
-	}()
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer it.Stop()
-	n, size := 0, 0
-	for {
-		m, err := it.Next()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		n++
-		size += len(m.Data())
-		meta, err := m.Metadata()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if meta.NumPending == 0 {
-			break
-		}
-	}
-	elapsed := stop()
-	stopProfile()
+	elapsed, n := rawReadAll(tb, fx.url)
 	if n != fx.w.lines {
 		tb.Fatalf("raw read %d messages, want %d", n, fx.w.lines)
 	}

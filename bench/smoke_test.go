@@ -28,6 +28,12 @@ func TestSmoke(t *testing.T) {
 			t.Fatalf("no latency measured: %+v", r)
 		}
 	})
+	t.Run("follow", func(t *testing.T) {
+		r := runFollow(t, followConfig{liveConfig: liveConfig{files: 4, rate: 200, duration: 300 * time.Millisecond, warmup: 100 * time.Millisecond}, backlog: 10})
+		if len(r.lag) == 0 || r.caughtUpLines == 0 || r.rawLines == 0 {
+			t.Fatalf("nothing measured: %+v", r)
+		}
+	})
 	t.Run("recovery", func(t *testing.T) {
 		fx := recoveryFixture(t, tiny)
 		rawRead(t, fx)

@@ -312,17 +312,7 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 		if err != nil {
 			return fmt.Errorf("metadata: %w", err)
 		}
-		if l, err := ParseLine(m.Headers()); err == nil {
-			msg := Msg{Line: l, MsgID: m.Headers().Get(HdrMsgID), Seq: meta.Sequence.Stream, Time: meta.Timestamp}
-			switch {
-			case l.Kind == KindBlob:
-				msg.Size = l.BlobSize
-			case opts.HeadersOnly:
-				msg.Size, _ = strconv.ParseInt(m.Headers().Get(nats.MsgSize), 10, 64)
-			default:
-				msg.Data = m.Data()
-				msg.Size = int64(len(msg.Data))
-			}
+		if msg, ok := toMsg(m, meta, opts.HeadersOnly); ok {
 			if err := fn(m.Subject(), msg); err != nil {
 				return err
 			}
@@ -333,6 +323,25 @@ func (r *Reader) scan(ctx context.Context, filter string, opts ScanOptions, want
 			return nil
 		}
 	}
+}
+
+// toMsg is the pisync line a stream message carries; false for a message that is not one.
+func toMsg(m jetstream.Msg, meta *jetstream.MsgMetadata, headersOnly bool) (Msg, bool) {
+	l, err := ParseLine(m.Headers())
+	if err != nil {
+		return Msg{}, false
+	}
+	msg := Msg{Line: l, MsgID: m.Headers().Get(HdrMsgID), Seq: meta.Sequence.Stream, Time: meta.Timestamp}
+	switch {
+	case l.Kind == KindBlob:
+		msg.Size = l.BlobSize
+	case headersOnly:
+		msg.Size, _ = strconv.ParseInt(m.Headers().Get(nats.MsgSize), 10, 64)
+	default:
+		msg.Data = m.Data()
+		msg.Size = int64(len(msg.Data))
+	}
+	return msg, true
 }
 
 // next returns the scan's next message; nil when a scan that waits at most catchUpWait

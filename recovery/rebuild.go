@@ -187,6 +187,7 @@ func Rebuild(in Input) (*Plan, error) {
 			Detail: fmt.Sprintf("the head records ordinals up to %d; the stream holds up to %d", head.LastOrdinal, last)})
 	}
 	rep.Complete = len(rep.Missing) == 0
+	rep.LastOrdinal = lines[len(lines)-1].Ordinal
 	if !rep.Complete || lines[0].Ordinal != 0 {
 		lines = withTimestamps(lines)
 	}

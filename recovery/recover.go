@@ -28,9 +28,13 @@ type Options struct {
 	Generation int // generation to rebuild; 0 = the newest
 	// At, if set, rebuilds each conversation as the mirror held it then: the generation
 	// newest at At, with the lines stored by At (the mirror's clock, not the file's).
-	At       time.Time
-	DryRun   bool // check everything, write nothing
-	Force    bool // overwrite a differing file, accept a head mismatch
+	At     time.Time
+	DryRun bool // check everything, write nothing
+	Force  bool // overwrite a differing file, accept a head mismatch
+	// Replace overwrites a differing file that holds nothing the mirror lacks (a file an
+	// earlier recovery wrote, behind the mirror or of an older generation), without
+	// accepting a head mismatch: what `recover --follow` keeps its files current by.
+	Replace  bool
 	DropRaw  bool // leave raw lines out, so that Pi's harness reader accepts the file
 	Parallel int  // conversations recovered at once; 0 = 4
 	// OnDone, if set, is called once per conversation as it finishes (serialized).
@@ -357,7 +361,7 @@ func (r *Recoverer) place(ctx context.Context, t target, plan *Plan, held func()
 		return Refused, false, nil, fmt.Errorf("%s holds what the mirror lacks: %s; move it aside to recover this conversation (--force does not override this)", t.path(), ex.lackingText())
 	case ex.identical:
 		return Unchanged, false, nil, nil
-	case ex.exists && !r.opts.Force:
+	case ex.exists && !r.opts.Force && !r.opts.Replace:
 		return Refused, false, nil, fmt.Errorf("%s exists and differs from the rebuilt file; --force overwrites it", t.path())
 	}
 	if r.opts.DryRun {

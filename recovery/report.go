@@ -39,6 +39,7 @@ type Report struct {
 	Reason            string           `json:"reason,omitempty"`
 	Complete          bool             `json:"complete"`                   // every ordinal 0..last present
 	Lines             int              `json:"lines"`                      // lines in the rebuilt file
+	LastOrdinal       int64            `json:"last_ordinal"`               // of the last mirrored line rebuilt
 	Entries           int              `json:"entries"`                    // mirrored entry lines written
 	Raw               int              `json:"raw"`                        // raw lines in the mirror
 	RawDropped        bool             `json:"raw_dropped,omitempty"`      // --drop-raw left them out

@@ -67,12 +67,15 @@ func (r *run) do(k Kind, rng *rand.Rand) (string, error) {
 		return r.check()
 	case Kill, StateLoss:
 		r.d.kill()
-		what := "SIGKILL"
+		what := "SIGKILL (the follower too, started again)"
+		if err := r.restartFollower(); err != nil {
+			return "", err
+		}
 		if k == StateLoss {
 			if err := os.RemoveAll(filepath.Join(r.dir, "state")); err != nil {
 				return "", err
 			}
-			what = "SIGKILL, state directory removed"
+			what += ", state directory removed"
 		}
 		// The daemon stays down while the next few operations change the tree.
 		r.downFor = rng.IntN(6)

@@ -416,6 +416,9 @@ func (r *run) check() (string, error) {
 	if err := r.d.supervise(); err != nil {
 		return "", &Failure{Guarantee: "the daemon stays up (8)", Detail: err.Error()}
 	}
+	if f := r.followerUp(); f != nil {
+		return "", f
+	}
 	// Guarantee 5: the daemon never writes to a session file.
 	for _, f := range append(append([]*file(nil), r.fs.live...), r.fs.out...) {
 		b, err := os.ReadFile(f.sf.Path)
@@ -645,6 +648,10 @@ func (r *run) recoverAll(pair map[*file]string) *Failure {
 	if len(bad) > 0 {
 		sort.Strings(bad)
 		return &Failure{Guarantee: "recovery is byte-identical (3, 4, §4)", Detail: strings.Join(bad, "\n")}
+	}
+	if bad := r.followFaults(rep, out); len(bad) > 0 {
+		return &Failure{Guarantee: "every followed file equals the mirror's newest generation, or is reported (recover --follow)",
+			Detail: strings.Join(bad[:min(20, len(bad))], "\n")}
 	}
 	return nil
 }

@@ -92,7 +92,10 @@ type run struct {
 	nc     *nats.Conn
 	reader *mirror.Reader
 	d      *daemon
+	f      *daemon // the follower: recover --follow into followDir
 	res    *Result
+
+	followDir string
 
 	natsFaultSinceStart bool // the duplicates counter may count resends since the daemon started
 	downFor             int  // operations left before a stopped daemon starts again
@@ -146,6 +149,7 @@ func Run(t testing.TB, cfg Config) *Result {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.d.kill() })
+	r.startFollower(t)
 	defer func() {
 		if r.res.Failure != nil {
 			r.keepLogs()
@@ -183,8 +187,13 @@ func (r *run) keepLogs() {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
-	if b, err := os.ReadFile(r.d.logPath); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "daemon.log"), b, 0o644)
+	for _, d := range []*daemon{r.d, r.f} {
+		if d == nil {
+			continue
+		}
+		if b, err := os.ReadFile(d.logPath); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, filepath.Base(d.logPath)), b, 0o644)
+		}
 	}
 	_ = os.WriteFile(filepath.Join(dir, "ops.log"), []byte(strings.Join(r.res.Log, "\n")+"\n"), 0o644)
 	r.res.LogDir = dir

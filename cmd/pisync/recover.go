@@ -41,6 +41,9 @@ type recoverFlags struct {
 	jsonOut  bool
 	dropRaw  bool
 	parallel int
+	follow   bool
+	host     string
+	httpAddr string
 }
 
 func (f *recoverFlags) register(fs *flag.FlagSet) {
@@ -56,6 +59,9 @@ func (f *recoverFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.jsonOut, "json", false, "print a machine-readable report")
 	fs.BoolVar(&f.dropRaw, "drop-raw", false, "leave out lines that are not JSON entries, so that Pi's harness reader opens the file")
 	fs.IntVar(&f.parallel, "parallel", 4, "conversations recovered at once")
+	fs.BoolVar(&f.follow, "follow", false, "after recovering, keep the files current as the mirror grows, until stopped (a warm standby)")
+	fs.StringVar(&f.host, "host", "", "with --follow: only the conversations mirrored from this host")
+	fs.StringVar(&f.httpAddr, "http-addr", "", "with --follow: serve /metrics and the status page here (e.g. 127.0.0.1:9477)")
 }
 
 // RecoverCommand rebuilds session files from the mirror (DESIGN §4). It returns nil when
@@ -81,6 +87,10 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("%w: --parallel %d: want at least 1", errUsage, f.parallel)
 	case f.at != "" && f.gen != 0:
 		return fmt.Errorf("%w: --at and --generation exclude each other", errUsage)
+	case f.follow && (f.gen != 0 || f.at != "" || f.dryRun || f.force):
+		return fmt.Errorf("%w: --follow keeps the newest generation current: it takes neither --generation, --at, --dry-run nor --force", errUsage)
+	case !f.follow && (f.host != "" || f.httpAddr != ""):
+		return fmt.Errorf("%w: --host and --http-addr go with --follow", errUsage)
 	}
 	var at time.Time
 	if f.at != "" {
@@ -89,6 +99,9 @@ func RecoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 			return fmt.Errorf("%w: --at %q: want an RFC 3339 time such as 2026-12-05T14:00:00Z", errUsage, f.at)
 		}
 		at = t
+	}
+	if f.follow {
+		return follow(ctx, &f, ids, stdout, stderr)
 	}
 	m, owner, closeMirror, err := openMirror(ctx, &f.conn, "pisync recover", stderr)
 	if err != nil {
@@ -290,12 +303,15 @@ func openMirror(ctx context.Context, c *connFlags, name string, stderr io.Writer
 	if err != nil {
 		closeAll()
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) {
-			return nil, mirror.Owner{}, nil, fmt.Errorf("no pisync mirror at %s with prefix %q (%v); has pisync run started there?", logx.URL(c.url()), c.prefix, err)
+			return nil, mirror.Owner{}, nil, fmt.Errorf("%w at %s with prefix %q (%v); has pisync run started there?", errNoMirror, logx.URL(c.url()), c.prefix, err)
 		}
 		return nil, mirror.Owner{}, nil, err
 	}
 	return m, owner, closeAll, nil
 }
+
+// errNoMirror is wrapped when the server holds no pisync mirror (yet).
+var errNoMirror = errors.New("no pisync mirror")
 
 // readWhenReady runs a command's first read of the mirror (listing the conversations),
 // again while JetStream is not ready: a cluster restarted a moment ago binds the mirror

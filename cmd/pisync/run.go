@@ -20,6 +20,7 @@ import (
 	"github.com/pisync/pisync/internal/checkpoint"
 	"github.com/pisync/pisync/internal/logx"
 	"github.com/pisync/pisync/internal/natsconn"
+	"github.com/pisync/pisync/internal/rootlock"
 	"github.com/pisync/pisync/internal/sysmem"
 	"github.com/pisync/pisync/internal/verify"
 	"github.com/pisync/pisync/mirror"
@@ -126,6 +127,7 @@ type daemon struct {
 	memDone      chan struct{}
 	jsWait       *natsconn.JetStreamWait // set before HTTP starts
 	up           atomic.Bool             // every part started: HTTP handlers may use them
+	locks        []*rootlock.Lock        // the roots, against a follower writing them
 }
 
 func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, err error) {
@@ -144,6 +146,13 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	owner, err := mirror.NewOwner(f.conn.tenant, f.conn.owner)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	for _, root := range f.roots.get() {
+		l, err := rootlock.Acquire(root, "pisync run")
+		if err != nil {
+			return nil, err
+		}
+		d.locks = append(d.locks, l)
 	}
 	if err := os.MkdirAll(f.conn.stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w", f.conn.stateDir, err)
@@ -384,6 +393,7 @@ func (d *daemon) stop() error {
 	cancel()
 	errs = append(errs, d.store.Close())
 	d.closeNATS()
+	d.releaseRoots()
 	d.log.Info("stopped")
 	return errors.Join(errs...)
 }
@@ -411,6 +421,14 @@ func (d *daemon) abort() {
 		_ = d.store.Close()
 	}
 	d.closeNATS()
+	d.releaseRoots()
+}
+
+func (d *daemon) releaseRoots() {
+	for _, l := range d.locks {
+		l.Release()
+	}
+	d.locks = nil
 }
 
 func (d *daemon) closeNATS() {
