@@ -276,6 +276,18 @@ var sections = []section{
 			{unit: "pisync/telegraf-s", label: "wall time ratio pisync / Telegraf", target: "≤", bound: 1},
 			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
 		}},
+	{"11. Warm standby (recover --follow)", "Follow",
+		"The live load of case 2 (100 files, 1,000 lines a second, written the way Pi writes) mirrored in process and followed into a second directory by the follower of `pisync recover --follow`; a line's file lag is from just before its write on the primary to its append on the standby. Then the follower is stopped while every file gains `-follow-backlog` lines, and started again: the catch-up (until every file is current, byte for byte) against one ordered consumer reading every message of the owner, in the same run.",
+		[]figure{
+			{unit: "p50-ms", label: "file lag p50, ms"},
+			{unit: "p99-ms", label: "file lag p99, ms", target: "≤", bound: 1000},
+			{unit: "max-ms", label: "file lag max, ms"},
+			{unit: "lines", label: "lines measured"},
+			{unit: "catch-up-entries/s", label: "catch-up, entries/s"},
+			{unit: "raw-read-entries/s", label: "raw read (one ordered consumer), entries/s"},
+			{unit: "catch-up-ratio", label: "ratio catch-up / raw read"},
+			{unit: "others-cpu-%", label: "CPU used by other processes, % of the machine"},
+		}},
 }
 
 func render(res *results, command string) string {
