@@ -52,7 +52,7 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	if err != nil {
 		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
-	g := genFacts{cmp: cmp, doubled: nw.doubled()}
+	g := genFacts{cmp: cmp.cmp, doubled: nw.doubled()}
 	for {
 		c := chooseGeneration(g)
 		if c.needStore {
@@ -112,7 +112,7 @@ func (p *Publisher) resumeFromCheckpoint(ctx context.Context, st *fileState, log
 			if err != nil {
 				return false, fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 			}
-			f.compared, f.cmp = true, cmp
+			f.compared, f.cmp = true, cmp.cmp
 			continue
 		}
 		switch c.why {
@@ -230,6 +230,16 @@ const (
 	undecided                    // the generation is stored too far out of order to compare in bounded memory
 )
 
+// compared is the outcome of compareWithMirror: how the file compares and, when it
+// differs or is shorter, where: at is the first ordinal the file does not hold as the
+// mirror does, line the first line the mirror holds from there on (found false: none).
+type compared struct {
+	cmp   comparison
+	at    int64
+	line  heldLine
+	found bool
+}
+
 // compareWithMirror compares the file from ordinal from on (the line at byte offset off)
 // with what the mirror holds there, byte for byte, by ordinal. It streams the file, and
 // reads held in ordinal order through a fresh window, so memory grows neither with line
@@ -240,20 +250,28 @@ const (
 // it could vanish unseen (a file opened in the middle of an in-place rewrite of the same
 // lines, compared once the rewrite was done, then cut back to fewer lines, but not below
 // that size: read on as growth, every line held, the vanished ones kept).
-func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (comparison, error) {
+//
+// An ordinal the generation has no line at (its file's line was too long to mirror, or
+// refused for good) is the file's own when this host wrote the generation's next line:
+// the file that left it out reads it again. Where another host wrote on, the file's line
+// there is not one the mirror holds: a copy rebuilt by recovery has a placeholder there,
+// which is none of the conversation's lines (the file differs).
+func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (compared, error) {
 	if held == nil || held.top < from {
-		return sameLength, nil // nothing mirrored from there on to compare
+		return compared{cmp: sameLength}, nil // nothing mirrored from there on to compare
 	}
 	if !held.complete && held.disorder > held.maxDisorder {
-		return undecided, nil
+		return compared{cmp: undecided}, nil
 	}
 	w := held.reread(from)
 	f, err := os.Open(path)
 	if err != nil {
-		return differs, err
+		return compared{}, err
 	}
 	defer f.Close()
-	ord := from // of the next line
+	ord := from        // of the next line
+	holesMine := false // a hole was found left out by this host: the generation's others are too
+	var at heldLine    // the mirror's line where the file differs
 	_, err = session.ReadLines(io.NewSectionReader(f, off, max(size-off, 0)), func(l session.DigestedLine) error {
 		if ord > w.top {
 			return errLonger
@@ -263,23 +281,71 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 				return err
 			}
 		}
-		if hl, ok := w.take(ord); ok && !hl.holds(l.SHA256) {
+		hl, ok := w.take(ord)
+		switch {
+		case ok && !hl.holds(l.SHA256):
+			at = hl
 			return errDiffers
+		case !ok && !holesMine:
+			next, found, err := p.nextHeld(ctx, w, ord+1)
+			if err != nil {
+				return err
+			}
+			if found {
+				mine, err := p.writtenHere(ctx, w.conv, next)
+				if err != nil {
+					return err
+				}
+				if !mine {
+					at = next
+					return errDiffers
+				}
+				holesMine = true
+			}
 		}
 		ord++
 		return nil
 	})
 	switch {
 	case errors.Is(err, errLonger):
-		return longer, nil
+		return compared{cmp: longer}, nil
 	case errors.Is(err, errDiffers):
-		return differs, nil
+		return compared{cmp: differs, at: ord, line: at, found: true}, nil
 	case err != nil:
-		return differs, err
+		return compared{}, err
 	case ord > w.top:
-		return sameLength, nil // a torn tail is not a line
+		return compared{cmp: sameLength}, nil // a torn tail is not a line
 	}
-	return shorter, nil // mirrored lines vanished, or another writer added them
+	// Mirrored lines vanished, or another writer added them.
+	next, found, err := p.nextHeld(ctx, w, ord)
+	if err != nil {
+		return compared{}, err
+	}
+	return compared{cmp: shorter, at: ord, line: next, found: found}, nil
+}
+
+// nextHeld returns the first line w holds at ordinal o or after, without taking it.
+func (p *Publisher) nextHeld(ctx context.Context, w *heldWindow, o int64) (heldLine, bool, error) {
+	for ; o <= w.top; o++ {
+		for !w.decided(o) {
+			if err := p.fill(ctx, w, o, nil); err != nil {
+				return heldLine{}, false, err
+			}
+		}
+		if h, ok := w.lines[o]; ok {
+			return h, true, nil
+		}
+	}
+	return heldLine{}, false, nil
+}
+
+// writtenHere reports whether this host published the line h of conversation c.
+func (p *Publisher) writtenHere(ctx context.Context, c mirror.Conv, h heldLine) (bool, error) {
+	l, err := p.reader.LineAt(ctx, c, h.seq)
+	if err != nil {
+		return false, fmt.Errorf("resume %s: the writer of sequence %d: %w", c.Key, h.seq, err)
+	}
+	return l.Host == p.opts.Host, nil
 }
 
 // The outcomes that end compareWithMirror's read of the file early.
