@@ -29,10 +29,15 @@ import (
 // Lines appended since the file was opened go one at a time, each sent once the one
 // before it is acknowledged and fenced on it, however fast they come. The lines a file
 // held when it was opened (a back-fill, or lines written while the daemon was stopped)
-// are pipelined behind the fenced first one: serializing them would double the CPU a
-// back-fill costs and halve its speed (bench/RESULTS.md, CPU per line). A store append
-// landing between two of them is not excluded; the runbook's cut-over precondition (the
-// owner's files verified identical, so no back-fill is left) is what keeps it away.
+// are pipelined once the fenced first one is acknowledged: serializing them would double
+// the CPU a back-fill costs and halve its speed (bench/RESULTS.md, CPU per line), and
+// sending them before it is acknowledged would let them land after another writer's
+// line that made it refused (a host that took the conversation over while this one was
+// down). Another daemon's line cannot land between two of them: it is fenced on the
+// newest sequence that daemon knows, and a daemon that learns of this file's lines
+// stops extending the generation (takeOver). A store append can (its caller read the
+// conversation meanwhile); the runbook's cut-over precondition (the owner's files
+// verified identical, so no back-fill is left) is what keeps it away.
 // So the back-fill is fenced once: on the first line sent after the file was opened (or
 // reconciled), not again each time its queue drains while the watcher reads on. A fence
 // costs the server more than its check: it reads the subject's last message, and a read
@@ -76,6 +81,44 @@ func fence(st *fileState, it *item, on bool) string {
 		return strconv.FormatUint(seq, 10)
 	}
 	return ""
+}
+
+// waitsBehind reports whether line it, queued behind st's unresolved lines, waits to
+// be sent until they resolve: a live line until the one before it does (it is fenced on
+// it), a back-filled one until the file's first fenced line is acknowledged. The caller
+// holds st.mu.
+func (p *Publisher) waitsBehind(st *fileState, it *item) bool {
+	return len(st.queue) > 0 && (st.live(it) || p.backfillHeld(st))
+}
+
+// backfillHeld reports whether st's back-filled lines wait for its first fenced line
+// (see above): none of its lines is acknowledged since it was opened or reconciled, and
+// that first line is fenced. The caller holds st.mu.
+func (p *Publisher) backfillHeld(st *fileState) bool {
+	return !st.ownAck && !p.opts.Unfenced && max(st.acked.StreamSeq, st.fenceSeq) != 0
+}
+
+// sendBackfill sends the back-filled lines that waited for the file's first fenced line,
+// now that it is acknowledged: pipelined, unfenced (fence).
+func (p *Publisher) sendBackfill(st *fileState) {
+	st.mu.Lock()
+	if st.failed || st.resyncing != nil {
+		st.mu.Unlock()
+		return // the reconciliation resends them
+	}
+	var out []*item
+	for _, it := range st.queue {
+		if it.waiting && !st.live(it) {
+			it.waiting = false
+			out = append(out, it)
+		}
+	}
+	st.mu.Unlock()
+	for _, it := range out {
+		if p.send(p.runCtx, st, it) != nil {
+			return // closing: sent at the next start
+		}
+	}
 }
 
 // fenced reports whether err is the server refusing a fenced line: the subject holds a
