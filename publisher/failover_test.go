@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/pisync/pisync/internal/checkpoint"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
@@ -35,6 +37,9 @@ func startDaemonAt(t *testing.T, ctx context.Context, url, root, cpDir, host str
 	cp := openStore(t, cpDir)
 	opts := testOptions(t, ctx, url)
 	opts.Checkpoints, opts.Host = cp, host
+	if os.Getenv("PISYNC_TEST_DEBUG") != "" {
+		opts.Logger = zaptest.NewLogger(t).Named(host)
+	}
 	opts.CommitInterval, opts.HeadInterval = 20*time.Millisecond, 20*time.Millisecond
 	if window > 0 {
 		opts.WindowMessages = window
@@ -243,6 +248,67 @@ func TestRestartBackfillAfterTakeOver(t *testing.T) {
 	if g := gensOf(t, ctx, b.reader, f.ID); len(g) != 1 || !holdsLines(g[1], bf.Lines) {
 		t.Fatalf("generations %v: want generation 1 holding host b's copy alone (%d lines)", lens(g), len(bf.Lines))
 	}
+
+	// Reopened, as the watcher does when asked: host a's whole file goes to its own key.
+	fw.Size = int64(len(f.Content()))
+	start, err := a.d.pub.Open(ctx, fw, watcher.Truncated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handLines(t, ctx, a.d.pub, fw, fd, f.Lines, start)
+	checkDiverged(t, ctx, a, b, f, bf, shared)
+}
+
+// handLines hands p the lines of the file fw from start on, as the watcher would.
+func handLines(t *testing.T, ctx context.Context, p *Publisher, fw watcher.File, fd *os.File, lines [][]byte, start watcher.Start) {
+	t.Helper()
+	off := start.Offset
+	for ord := start.Ordinal; ord < int64(len(lines)); ord++ {
+		l := lines[ord]
+		if err := p.Line(ctx, fw, watcher.Line{Ordinal: ord, Offset: off, Len: int64(len(l)), Data: l, Seen: time.Now(), Src: fd}); err != nil {
+			t.Fatalf("line %d: %v", ord, err)
+		}
+		off += int64(len(l)) + 1
+	}
+}
+
+// checkDiverged checks the outcome of a divergence: the conversation's key holds host
+// w's copy (the winner, wf) in generation 1 and its head names w; host l's copy (lf) is
+// mirrored whole under l's diverged key, whose head names l and records that w
+// continued the conversation after shared lines; every message once.
+func checkDiverged(t *testing.T, ctx context.Context, l, w *site, lf, wf *sessiontest.File, shared int) {
+	t.Helper()
+	checkDivergedAt(t, ctx, l, w, lf, wf, 1, mirror.Divergence{Key: lf.ID, Generation: 1, Ordinal: int64(shared), Host: w.name})
+}
+
+// checkDivergedAt is checkDiverged with the winner's copy in generation wgen of the
+// conversation, and the divergence want recorded.
+func checkDivergedAt(t *testing.T, ctx context.Context, l, w *site, lf, wf *sessiontest.File, wgen int, want mirror.Divergence) {
+	t.Helper()
+	r := w.reader
+	if r == nil {
+		r = l.reader
+	}
+	rel, err := filepath.Rel(l.root, lf.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dkey := divergedKey(lf.ID, l.name, watcher.File{Root: l.root, Rel: filepath.ToSlash(rel)})
+	waitGeneration(t, ctx, r, dkey, 1, lf.Lines)
+	waitGeneration(t, ctx, r, lf.ID, wgen, wf.Lines)
+	h := headNaming(t, ctx, r, dkey, l.name, len(lf.Lines))
+	if h.DivergedFrom == nil || *h.DivergedFrom != want || h.Conversation != lf.ID || h.Key != dkey {
+		t.Errorf("the diverged key's head: %+v, diverged from %+v; want %+v", h, h.DivergedFrom, want)
+	}
+	if wh := headNaming(t, ctx, r, lf.ID, w.name, len(wf.Lines)); wh.DivergedFrom != nil || wh.Generation != wgen {
+		t.Errorf("the conversation's head: %+v", wh)
+	}
+	if g := gensOf(t, ctx, r, dkey); len(g) != 1 {
+		t.Errorf("%s: generations %v, want one", dkey, lens(g))
+	}
+	if g := gensOf(t, ctx, r, lf.ID); len(g) != wgen {
+		t.Errorf("%s: generations %v, want %d", lf.ID, lens(g), wgen)
+	}
 }
 
 func mustAppendLines(t *testing.T, f *sessiontest.File, lines ...[]byte) {
@@ -250,4 +316,179 @@ func mustAppendLines(t *testing.T, f *sessiontest.File, lines ...[]byte) {
 	if err := f.Append(lines...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// failover is a warm standby on one server: host a mirrored a conversation (f, whose
+// first shared lines both copies hold), host b runs on a byte-for-byte copy (bf) and
+// took it over.
+type failover struct {
+	ctx    context.Context
+	a, b   *site
+	f, bf  *sessiontest.File
+	shared int
+}
+
+// newFailover mirrors f from host a, stops a, and starts host b on a copy of f; it
+// returns once b's head names it. headerless: f has no header line (Pi #8939), and b's
+// copy one that recovery made, which makes it a new generation (2) on b.
+func newFailover(t *testing.T, seed uint64, headerless bool) *failover {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	srv := natstest.Run(t)
+	x := &failover{ctx: ctx, a: newSite(t, ctx, srv.URL(), "host-a"), b: newSite(t, ctx, srv.URL(), "host-b")}
+	x.f = sessiontest.New(rand.New(rand.NewPCG(seed, 4)), x.a.root, "/home/dev/p", sessiontest.CLIV3)
+	if !headerless {
+		mustAppendLines(t, x.f, x.f.HeaderLine("/home/dev/p"))
+	}
+	mustAppendLines(t, x.f, x.f.Message(200), x.f.Message(300))
+	x.shared = len(x.f.Lines)
+	x.a.start()
+	waitGeneration(t, ctx, x.a.reader, x.f.ID, 1, x.f.Lines)
+	headNaming(t, ctx, x.a.reader, x.f.ID, "host-a", x.shared)
+	x.a.stop()
+	x.bf = copyTo(t, x.f, x.a.root, x.b.root, seed)
+	gen := 1
+	if headerless {
+		x.bf.Reset(x.bf.Format, append([][]byte{x.f.HeaderLine("/home/dev/p")}, x.f.Lines...))
+		if err := sessiontest.Rewrite(x.bf.Path, x.bf.Lines); err != nil {
+			t.Fatal(err)
+		}
+		gen = 2
+	}
+	x.b.start()
+	waitGeneration(t, ctx, x.b.reader, x.f.ID, gen, x.bf.Lines)
+	headNaming(t, ctx, x.b.reader, x.f.ID, "host-b", len(x.bf.Lines))
+	return x
+}
+
+// TestFailoverDivergence: the primary comes back (restarted with its state, or it never
+// died and was cut off) while the standby holds the conversation. Whichever copy's line
+// lands first past the lines they share goes on under the conversation's key; the other
+// copy, once it has lines of its own, is mirrored whole under its diverged key. A copy
+// with nothing of its own publishes nothing.
+func TestFailoverDivergence(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		headerless bool // b's copy is not a's lines: b started generation 2
+		run        func(t *testing.T, x *failover)
+	}{
+		{"a, still running, appends after b did", false, func(t *testing.T, x *failover) {
+			x.a.start()
+			mustAppendLines(t, x.bf, x.bf.Message(150), x.bf.Message(150))
+			waitGeneration(t, x.ctx, x.b.reader, x.f.ID, 1, x.bf.Lines)
+			mustAppendLines(t, x.f, x.f.Message(150))
+			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+			mustAppendLines(t, x.f, x.f.Message(150)) // a goes on under its own key
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+		}},
+		{"a comes back from its checkpoint with lines written while it was down", false, func(t *testing.T, x *failover) {
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			waitGeneration(t, x.ctx, x.b.reader, x.f.ID, 1, x.bf.Lines)
+			mustAppendLines(t, x.f, x.f.Message(150), x.f.Message(150))
+			x.a.start()
+			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+		}},
+		{"a comes back with nothing of its own, then appends", false, func(t *testing.T, x *failover) {
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			headNaming(t, x.ctx, x.b.reader, x.f.ID, "host-b", len(x.bf.Lines))
+			before := keysOf(t, x.ctx, x.b.reader)
+			x.a.start()
+			waitUntil(t, "host a's file seen", func() bool {
+				pr := x.a.d.pub.Progress().Roots[x.a.root]
+				return pr != nil && pr.Sessions == 1 && pr.Pending == 0
+			})
+			x.a.stop() // its last checkpoint and head flush done
+			if after := keysOf(t, x.ctx, x.b.reader); after != before {
+				t.Fatalf("host a came back with nothing to add; the mirror went from %s to %s", before, after)
+			}
+			x.a.start() // and again, now from the checkpoint it wrote
+			mustAppendLines(t, x.f, x.f.Message(150))
+			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+		}},
+		{"a and b append at once", false, func(t *testing.T, x *failover) {
+			x.a.start()
+			var wg sync.WaitGroup
+			for _, f := range []*sessiontest.File{x.f, x.bf} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := f.Append(f.Message(150)); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			mustAppendLines(t, x.f, x.f.Message(150))
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			// One of them goes on under the conversation's key, the other diverges.
+			dkeyOf := func(s *site, f *sessiontest.File) string {
+				rel, _ := filepath.Rel(s.root, f.Path)
+				return divergedKey(f.ID, s.name, watcher.File{Root: s.root, Rel: filepath.ToSlash(rel)})
+			}
+			var loser string
+			waitUntil(t, "one copy diverged", func() bool {
+				for _, c := range []struct {
+					s *site
+					f *sessiontest.File
+				}{{x.a, x.f}, {x.b, x.bf}} {
+					if len(gensOf(t, x.ctx, x.b.reader, dkeyOf(c.s, c.f))) > 0 {
+						loser = c.s.name
+						return true
+					}
+				}
+				return false
+			})
+			if loser == "host-a" {
+				checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+			} else {
+				checkDiverged(t, x.ctx, x.b, x.a, x.bf, x.f, x.shared)
+			}
+		}},
+		{"b's copy made a new generation; a comes back with nothing of its own, then appends", true, func(t *testing.T, x *failover) {
+			before := keysOf(t, x.ctx, x.b.reader)
+			x.a.start()
+			waitUntil(t, "host a's file seen", func() bool {
+				pr := x.a.d.pub.Progress().Roots[x.a.root]
+				return pr != nil && pr.Sessions == 1 && pr.Pending == 0
+			})
+			x.a.stop()
+			if after := keysOf(t, x.ctx, x.b.reader); after != before {
+				t.Fatalf("host a came back with nothing to add; the mirror went from %s to %s", before, after)
+			}
+			x.a.start()
+			mustAppendLines(t, x.f, x.f.Message(150))
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			checkDivergedAt(t, x.ctx, x.a, x.b, x.f, x.bf, 2,
+				mirror.Divergence{Key: x.f.ID, Generation: 1, Ordinal: int64(x.shared), Host: "host-b"})
+		}},
+		{"b's copy made a new generation; a, still running, appends", true, func(t *testing.T, x *failover) {
+			x.a.start()
+			mustAppendLines(t, x.f, x.f.Message(150))
+			checkDivergedAt(t, x.ctx, x.a, x.b, x.f, x.bf, 2,
+				mirror.Divergence{Key: x.f.ID, Generation: 1, Ordinal: int64(x.shared), Host: "host-b"})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, newFailover(t, 41, tc.headerless))
+		})
+	}
+}
+
+// keysOf describes what the mirror holds: each conversation key, its messages and head.
+func keysOf(t *testing.T, ctx context.Context, r *mirror.Reader) string {
+	t.Helper()
+	counts, err := r.Counts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heads, err := r.Heads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := fmt.Sprint(counts)
+	for _, h := range heads {
+		out += fmt.Sprintf(" %s:%s/gen %d/seq %d/%d lines", h.ConvKey(), h.Host, h.Generation, h.LastSeq, h.Entries)
+	}
+	return out
 }

@@ -21,7 +21,9 @@ import (
 //     Nats-Expected-Last-Subject-Sequence set to the newest sequence the daemon knows of
 //     the conversation's subject. The store publishes with the same check, so of a local
 //     line and a store append on one head exactly one lands; when the daemon's is refused,
-//     reconciliation finds the other writer's line in its generation (takeOver);
+//     reconciliation finds the other writer's line in its generation (takeOver). A daemon
+//     on another host mirroring a copy of the file (a warm standby that took over) fences
+//     its lines the same way: failover.go says what becomes of the copy that loses;
 //   - the head: the daemon never writes its head over one the store writes
 //     (mirror.Writer.PutHead), and learns from it which generation the store writes; at a
 //     resume, a file that is not exactly the store's lines so far starts a new generation.
@@ -153,8 +155,9 @@ func foreign(st *fileState, held map[int64]heldLine) bool {
 
 // takeOver gives up st's generation to the writer that extended it: the lines queued
 // for it are dropped (the frontier stays where it is) and the file is reopened, which
-// compares it with the mirror and mirrors it as a new generation. The caller holds
-// st.mu; takeOver releases it.
+// compares it with the mirror: a new generation when the writer is the session store,
+// the file's diverged key when it is another host (failover.go). The caller holds st.mu;
+// takeOver releases it.
 func (p *Publisher) takeOver(st *fileState) {
 	st.takenOver = true
 	var released int64
@@ -177,11 +180,8 @@ func (p *Publisher) takeOver(st *fileState) {
 		p.releaseSlot()
 	}
 	p.release(released)
-	p.mu.Lock()
-	p.storeGens[key] = gen
-	p.mu.Unlock()
-	p.log.Warn("another writer (the session store) extends the generation this file was mirrored into; "+
-		"its new lines go to a new generation", zap.String("path", path), zap.String("conversation", key), zap.Int("generation", gen))
+	p.log.Warn("another writer (the session store, or a copy of the file on another host) extends the generation this file was mirrored into; "+
+		"comparing the file with the mirror", zap.String("path", path), zap.String("conversation", key), zap.Int("generation", gen))
 	if p.opts.Reopen != nil {
 		p.opts.Reopen(path)
 	}
@@ -204,11 +204,17 @@ func (p *Publisher) storeWrites(ctx context.Context, st *fileState, gen int) (bo
 	case !h.StoreWrites():
 		return false, nil
 	}
+	p.noteStoreHead(st, h)
+	return h.Generation == gen, nil
+}
+
+// noteStoreHead records that the session store writes generation h.Generation of st's
+// conversation, which Open reads alone (st is not registered yet).
+func (p *Publisher) noteStoreHead(st *fileState, h mirror.Head) {
 	p.mu.Lock()
 	p.storeGens[st.conv.Key] = h.Generation
 	p.mu.Unlock()
 	st.storeGen = h.Generation
-	return h.Generation == gen, nil
 }
 
 // putHead writes a file's head; for a conversation the session store writes, only the

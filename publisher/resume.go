@@ -21,16 +21,19 @@ import (
 // checkpointed generation) it asks the mirror what it holds after the checkpointed
 // stream sequence; without one, it reads the conversation's whole subject, compares the
 // local file with the newest mirrored generation, and starts a new generation if any
-// mirrored line changed or vanished, or the generation holds a line twice.
+// mirrored line changed or vanished, or the generation holds a line twice. prior is what
+// the file had acknowledged under st's key before (its previous state, or checkpoint):
+// it tells a copy another host continued from a file changed here (failover.go), and
+// what resume found of that is returned.
 //
 // Memory does not grow with the file: a first pass over the messages' headers learns the
 // newest generation, its extent and how far out of ordinal order it was stored, keeping
 // nothing per line; the comparison and then the lines the publisher must not send again
 // are read in ordinal order through a window (heldWindow).
-func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
+func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, prior known, log *zap.Logger) (resumeOutcome, error) {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
 		if kept, err := p.resumeFromCheckpoint(ctx, st, log); err != nil || kept {
-			return err
+			return resumeOutcome{}, err
 		}
 		st.acked = frontier{}
 		st.leaf.Set("")
@@ -38,34 +41,72 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	nw := newest{limit: p.heldLimit()}
 	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, nw.add)
 	if err != nil {
-		return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		return resumeOutcome{}, fmt.Errorf("resume %s: %w", st.conv.Key, err)
 	}
 	top := nw.gen
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
 	st.acked = frontier{Generation: max(top, 1), Base: nw.msgs - nw.genMsgs}
 	if top == 0 {
-		return nil
+		return resumeOutcome{}, nil
 	}
 	st.fenceSeq = nw.last
 	held := nw.window(st.conv, p.maxDisorder())
 	cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, 0, 0, held)
 	if err != nil {
-		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
+		return resumeOutcome{}, fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
-	g := genFacts{cmp: cmp.cmp, doubled: nw.doubled()}
+	g := genFacts{cmp: cmp.cmp, doubled: nw.doubled(), older: prior.ok && prior.at.Generation < top}
+	var writer string // the host that wrote the mirror's line where the file parts from it
 	for {
 		c := chooseGeneration(g)
-		if c.needStore {
-			store, err := p.storeWrites(ctx, st, top)
-			if err != nil {
-				return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		var err error
+		switch c.need {
+		case genNeedStore:
+			var store bool
+			if g.writer.ok {
+				store, err = p.storeWritesBy(ctx, st, top, cmp.line.seq)
+			} else {
+				store, err = p.storeWrites(ctx, st, top)
 			}
 			g.store = answer("", store)
+		case genNeedWriter:
+			writer, err = p.writerAt(ctx, st.conv, cmp)
+			g.writer = answer("", writer != "" && writer != p.opts.Host)
+		case genNeedIntact:
+			var ok bool
+			ok, err = p.intact(ctx, st, prior, top, cmp)
+			g.intact = answer("", ok)
+		case genNeedOwn:
+			var ok bool
+			ok, err = linePast(st.file.Path, st.file.Size, prior.at.Offset)
+			g.own = answer("", ok)
+		}
+		if err != nil {
+			return resumeOutcome{}, fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		}
+		if c.need != genNeedNothing {
 			continue
 		}
-		if c.why == genKept {
+		switch c.why {
+		case genKept:
 			st.held = held.reread(0)
-			return nil
+			return resumeOutcome{}, nil
+		case genContinued:
+			st.held = held.reread(0)
+			log.Info("another host continues this conversation past this file's last line; the file publishes nothing, and is mirrored apart if it gets lines of its own",
+				zap.String("conversation", st.conv.Key), zap.String("host", writer), zap.Int64("lines", cmp.at))
+			return resumeOutcome{}, nil
+		case genBehind:
+			p.stayBehind(st, prior)
+			log.Info("another host started a newer generation of this conversation after this file's; the file publishes nothing, and is mirrored apart if it gets lines of its own",
+				zap.String("conversation", st.conv.Key), zap.String("host", writer), zap.Int("generation", top))
+			return resumeOutcome{behind: true}, nil
+		case genDiverged:
+			d := &mirror.Divergence{Key: st.conv.Key, Generation: top, Ordinal: cmp.at, Host: writer}
+			if g.older {
+				d.Generation, d.Ordinal = prior.at.Generation, prior.at.Ordinal
+			}
+			return resumeOutcome{diverged: d}, nil
 		}
 		st.acked.Generation, st.acked.Base = top+1, nw.msgs
 		p.m.generations.Inc()
@@ -75,14 +116,14 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			log.Warn("the newest generation holds a line twice; starting a new generation",
 				zap.String("conversation", st.conv.Key), zap.Int("generation", top+1),
 				zap.Uint64("messages", nw.genMsgs), zap.Int64("last_ordinal", nw.top))
-			return nil
+			return resumeOutcome{}, nil
 		case genStore:
 			why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
 		case genUndecided:
 			why = "the newest generation was stored too far out of line order to compare it in bounded memory; starting a new generation"
 		}
 		log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
-		return nil
+		return resumeOutcome{}, nil
 	}
 }
 
@@ -124,7 +165,7 @@ func (p *Publisher) resumeFromCheckpoint(ctx context.Context, st *fileState, log
 				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal),
 				zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
 		case pastVanished:
-			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
+			log.Info("the mirror holds lines past the checkpoint that the file does not (changed or cut back here, or another host's copy went on); comparing the whole file with the mirror",
 				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
 		case pastBehind:
 			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
@@ -238,6 +279,9 @@ type compared struct {
 	at    int64
 	line  heldLine
 	found bool
+	// before is the last line the file holds as the mirror does, before at (ok: any).
+	before   heldLine
+	beforeOK bool
 }
 
 // compareWithMirror compares the file from ordinal from on (the line at byte offset off)
@@ -269,9 +313,11 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 		return compared{}, err
 	}
 	defer f.Close()
-	ord := from        // of the next line
-	holesMine := false // a hole was found left out by this host: the generation's others are too
-	var at heldLine    // the mirror's line where the file differs
+	ord := from         // of the next line
+	holesMine := false  // a hole was found left out by this host: the generation's others are too
+	var at heldLine     // the mirror's line where the file differs
+	var before heldLine // the last line the file holds as the mirror does
+	beforeOK := false
 	_, err = session.ReadLines(io.NewSectionReader(f, off, max(size-off, 0)), func(l session.DigestedLine) error {
 		if ord > w.top {
 			return errLonger
@@ -302,6 +348,8 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 				}
 				holesMine = true
 			}
+		case ok:
+			before, beforeOK = hl, true
 		}
 		ord++
 		return nil
@@ -310,7 +358,7 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 	case errors.Is(err, errLonger):
 		return compared{cmp: longer}, nil
 	case errors.Is(err, errDiffers):
-		return compared{cmp: differs, at: ord, line: at, found: true}, nil
+		return compared{cmp: differs, at: ord, line: at, found: true, before: before, beforeOK: beforeOK}, nil
 	case err != nil:
 		return compared{}, err
 	case ord > w.top:
@@ -321,7 +369,7 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 	if err != nil {
 		return compared{}, err
 	}
-	return compared{cmp: shorter, at: ord, line: next, found: found}, nil
+	return compared{cmp: shorter, at: ord, line: next, found: found, before: before, beforeOK: beforeOK}, nil
 }
 
 // nextHeld returns the first line w holds at ordinal o or after, without taking it.
