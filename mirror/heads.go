@@ -45,6 +45,22 @@ type Head struct {
 	// of it: the local file of the conversation was appended to after the store took it
 	// over, and those lines are mirrored as a generation of their own (DESIGN §8).
 	Local *LocalCopy `json:"local,omitempty"`
+
+	// DivergedFrom is set on the key a host's copy of a conversation is mirrored under
+	// once another host continued that conversation past the lines the two copies share
+	// (an old primary and its standby both appended): the conversation's own key keeps
+	// the other host's lines, this one the whole of this host's file.
+	DivergedFrom *Divergence `json:"diverged_from,omitempty"`
+}
+
+// Divergence says where a copy of a conversation left it: lines 0 to Ordinal-1 of
+// generation Generation of conversation Key are the copy's first lines as well; Host
+// continued Key there with lines of its own, and the copy with others.
+type Divergence struct {
+	Key        string `json:"key"`
+	Generation int    `json:"generation"`
+	Ordinal    int64  `json:"ordinal"`
+	Host       string `json:"host"`
 }
 
 // LocalCopy is how far the daemon mirrors the local file of a conversation the session

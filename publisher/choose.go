@@ -47,8 +47,11 @@ type keyFacts struct {
 	// recorded: a clash key a record of another identity holds for the file's path
 	// (recordedClashKey; taking it removes that record).
 	recorded lookup
-	// previous: a clash key the mirror says the file had (previousClashKey: head reads).
-	previous lookup
+	// previous: a clash key the mirror says the file had (previousClashKey: head reads);
+	// previousDiverged: it is the key of the file's copy of a conversation another host
+	// continued (its head records the divergence), not a clash.
+	previous         lookup
+	previousDiverged bool
 }
 
 // keyNeed names the fact a key decision waits for.
@@ -82,6 +85,9 @@ const (
 	// keyPrevious: without a checkpoint (the state directory lost), the mirror says the
 	// file had a clash key: still a clash, reported as when first found.
 	keyPrevious
+	// keyDiverged: without a checkpoint, the mirror says the file had the key of its copy
+	// of a conversation another host continued (failover.go): no clash.
+	keyDiverged
 )
 
 // keyChoice is a key decision: a fact to look up first (need), or the key and why. What
@@ -131,6 +137,8 @@ func chooseKey(k keyFacts) keyChoice {
 		c.key, c.why = k.recorded.key, keyRecorded
 	case !k.previous.asked:
 		c.need = needPrevious
+	case k.previous.ok && k.previousDiverged:
+		c.key, c.why = k.previous.key, keyDiverged
 	case k.previous.ok:
 		c.key, c.why = k.previous.key, keyPrevious
 	default:
@@ -311,7 +319,7 @@ const (
 	pastBehind                     // the mirror is behind the checkpoint: the whole file is compared
 	pastShort                      // lines past the frontier were stored below the checkpoint's sequence
 	pastNewer                      // a generation started after the checkpoint: its generation is over
-	pastVanished                   // lines acknowledged past the checkpoint changed or vanished locally
+	pastVanished                   // the file does not hold what the mirror holds past the checkpoint: changed here, or another host's copy went on
 )
 
 type pastChoice struct {
@@ -350,11 +358,32 @@ func choosePast(f pastFacts) pastChoice {
 // knows: how they compare, whether the generation holds an ordinal more than once, and
 // (asked when the file and the generation differ in length, or the generation is
 // doubled) whether the session store writes that generation.
+//
+// Where the file and the generation part (the file differs, or ends first), the rest is
+// asked in turn, each only if the answer before leaves it open: whether another host
+// wrote the generation's line there (writer), whether the file still holds every line
+// it had acknowledged under this key (intact), and, when those are in an older
+// generation than the newest (older), whether it has lines of its own past them (own).
 type genFacts struct {
 	cmp     comparison
 	doubled bool
 	store   lookup
+	older   bool
+	writer  lookup
+	intact  lookup
+	own     lookup
 }
+
+// genNeed names the fact a generation decision waits for.
+type genNeed int
+
+const (
+	genNeedNothing genNeed = iota
+	genNeedStore
+	genNeedWriter
+	genNeedIntact
+	genNeedOwn
+)
 
 // genReason says whether the newest generation is kept, and why a new one starts.
 type genReason int
@@ -365,11 +394,22 @@ const (
 	genTwice                      // the generation holds a line twice
 	genStore                      // the session store writes it and the file was appended to since
 	genUndecided                  // stored too far out of order to compare in bounded memory
+	// genContinued: another host continued the generation past the file's last line: the
+	// file is kept on it and publishes nothing; a line it gets later diverges.
+	genContinued
+	// genBehind: another host started a newer generation after the file's (its copy was
+	// not this file's lines), and the file has no line past its acknowledged ones: it
+	// stays at its frontier and publishes nothing; a line it gets later diverges.
+	genBehind
+	// genDiverged: another host continued the conversation past the lines the file
+	// shares with it, and the file has lines of its own there: it is mirrored whole
+	// under its diverged key (failover.go).
+	genDiverged
 )
 
 type genChoice struct {
-	needStore bool
-	why       genReason
+	need genNeed
+	why  genReason
 }
 
 // chooseGeneration decides whether a file compared whole with the newest generation is
@@ -379,10 +419,20 @@ type genChoice struct {
 // locally since the cut-over. A generation holding a line twice is not kept (the
 // comparison reads the first copy of each line and finds the file equal: the second
 // copies would stay for good), unless it is the store's to write.
+//
+// A file that parts from the generation at a line this host wrote was changed here: a
+// new generation. At a line another host wrote, it is a copy the other host continued
+// (failover): a prefix waits, publishing nothing; a copy with lines of its own past what
+// it had acknowledged diverges, unless the other writer is the session store (its head
+// says so), whose generation the file's lines leave as before. A file that does not hold
+// what it had acknowledged (rewritten here since) is changed whoever wrote on, and so is
+// one whose past the daemon does not know (no checkpoint) when the lines it shares with
+// the generation are another host's: a copy rebuilt by recovery with a made-up header or
+// placeholder is not the conversation's lines, and starts a new generation.
 func chooseGeneration(g genFacts) genChoice {
 	doubled := (g.cmp == sameLength || g.cmp == longer) && g.doubled
 	if (g.cmp == longer || g.cmp == shorter || doubled) && !g.store.asked {
-		return genChoice{needStore: true}
+		return genChoice{need: genNeedStore}
 	}
 	store := g.store.ok
 	twice := doubled && !store
@@ -395,6 +445,22 @@ func chooseGeneration(g genFacts) genChoice {
 		return genChoice{why: genStore}
 	case g.cmp == undecided:
 		return genChoice{why: genUndecided}
+	case !g.writer.asked:
+		return genChoice{need: genNeedWriter}
+	case !g.writer.ok:
+		return genChoice{why: genChanged}
+	case g.cmp == shorter:
+		return genChoice{why: genContinued}
+	case !g.intact.asked:
+		return genChoice{need: genNeedIntact}
+	case !g.intact.ok:
+		return genChoice{why: genChanged}
+	case g.older && !g.own.asked:
+		return genChoice{need: genNeedOwn}
+	case !g.store.asked:
+		return genChoice{need: genNeedStore}
+	case g.older && !g.own.ok:
+		return genChoice{why: genBehind}
 	}
-	return genChoice{why: genChanged}
+	return genChoice{why: genDiverged}
 }

@@ -29,6 +29,8 @@ func TestChooseKey(t *testing.T) {
 		record bool // the checkpoint record is the file's
 		reused bool
 		asked  []keyNeed
+		// diverged: the key previous finds is a diverged one
+		diverged bool
 	}{
 		{name: "a file met for the first time: the conversation id, after asking the records and the mirror",
 			answer: answers{recorded: no, previous: no},
@@ -70,6 +72,9 @@ func TestChooseKey(t *testing.T) {
 		{name: "a move the daemon saw: the record names the old path and is the file's, no record asked about",
 			facts: keyFacts{reopened: id + "~aaaaaaaa", known: true, record: true, recordHeader: true, recordKey: id + "~aaaaaaaa"},
 			key:   id + "~aaaaaaaa", why: keyReopened, record: true},
+		{name: "failover: after a state loss the mirror's head names the file under its diverged key (no clash)",
+			answer: answers{recorded: no, previous: answer(id+"~dddddddd", true)}, diverged: true,
+			key: id + "~dddddddd", why: keyDiverged, asked: []keyNeed{needRecorded, needPrevious}},
 		{name: "a record without a key: the chain goes on, the record still the file's",
 			facts:  rec("", true, true),
 			answer: answers{recorded: no, previous: no},
@@ -85,7 +90,7 @@ func TestChooseKey(t *testing.T) {
 				case needRecorded:
 					k.recorded = tc.answer.recorded
 				case needPrevious:
-					k.previous = tc.answer.previous
+					k.previous, k.previousDiverged = tc.answer.previous, tc.diverged
 				}
 			})
 			got := fmt.Sprintf("key %q why %d record %v reused %v asked %v", c.key, c.why, c.record, c.reusedHere, asked)
@@ -254,37 +259,87 @@ func TestChoosePast(t *testing.T) {
 }
 
 // TestChooseGeneration: a file compared whole with the newest generation is mirrored on
-// into it or into a new one.
+// into it, into a new one, or (a copy of a conversation another host continued) waits
+// or diverges.
 func TestChooseGeneration(t *testing.T) {
 	yes, no := answer("", true), answer("", false)
+	// The answers a row gives when asked: the session store writes the generation;
+	// another host wrote the line where the file parts from it; the file holds what it
+	// had acknowledged; it has lines past them (asked when they are in an older
+	// generation).
+	type answers struct{ store, writer, intact, own lookup }
 	for _, tc := range []struct {
-		name    string
-		facts   genFacts
-		store   lookup // whether the session store writes the generation, when asked
-		why     genReason
-		askedIt bool
+		name  string
+		facts genFacts
+		answers
+		why   genReason
+		asked []genNeed
 	}{
-		{"the file holds exactly the generation", genFacts{cmp: sameLength}, no, genKept, false},
-		{"the file holds the generation and lines of its own", genFacts{cmp: longer}, no, genKept, true},
-		{"a mirrored line changed", genFacts{cmp: differs}, no, genChanged, false},
-		{"T7: the file holds fewer lines than the generation", genFacts{cmp: shorter}, no, genChanged, true},
-		{"T25: the generation holds a line twice", genFacts{cmp: sameLength, doubled: true}, no, genTwice, true},
-		{"T25: a line twice, and the file longer", genFacts{cmp: longer, doubled: true}, no, genTwice, true},
-		{"a doubled count of a generation that differs anyway", genFacts{cmp: differs, doubled: true}, no, genChanged, false},
-		{"the session store's doubled generation is the store's to write", genFacts{cmp: sameLength, doubled: true}, yes, genKept, true},
-		{"the session store wrote past the file's lines (DESIGN §8)", genFacts{cmp: shorter}, yes, genKept, true},
-		{"the store writes it and the file was appended to since the cut-over", genFacts{cmp: longer}, yes, genStore, true},
-		{"stored too far out of order to compare", genFacts{cmp: undecided}, no, genUndecided, false},
+		{name: "the file holds exactly the generation", facts: genFacts{cmp: sameLength},
+			why: genKept},
+		{name: "the file holds the generation and lines of its own", facts: genFacts{cmp: longer}, answers: answers{store: no},
+			why: genKept, asked: []genNeed{genNeedStore}},
+		{name: "a mirrored line this host wrote changed", facts: genFacts{cmp: differs}, answers: answers{writer: no},
+			why: genChanged, asked: []genNeed{genNeedWriter}},
+		{name: "T7: the file holds fewer lines than the generation it wrote", facts: genFacts{cmp: shorter}, answers: answers{store: no, writer: no},
+			why: genChanged, asked: []genNeed{genNeedStore, genNeedWriter}},
+		{name: "T25: the generation holds a line twice", facts: genFacts{cmp: sameLength, doubled: true}, answers: answers{store: no},
+			why: genTwice, asked: []genNeed{genNeedStore}},
+		{name: "T25: a line twice, and the file longer", facts: genFacts{cmp: longer, doubled: true}, answers: answers{store: no},
+			why: genTwice, asked: []genNeed{genNeedStore}},
+		{name: "a doubled count of a generation that differs anyway", facts: genFacts{cmp: differs, doubled: true}, answers: answers{writer: no},
+			why: genChanged, asked: []genNeed{genNeedWriter}},
+		{name: "the session store's doubled generation is the store's to write", facts: genFacts{cmp: sameLength, doubled: true}, answers: answers{store: yes},
+			why: genKept, asked: []genNeed{genNeedStore}},
+		{name: "the session store wrote past the file's lines (DESIGN §8)", facts: genFacts{cmp: shorter}, answers: answers{store: yes},
+			why: genKept, asked: []genNeed{genNeedStore}},
+		{name: "the store writes it and the file was appended to since the cut-over", facts: genFacts{cmp: longer}, answers: answers{store: yes},
+			why: genStore, asked: []genNeed{genNeedStore}},
+		{name: "the store wrote where the file has a line of its own (DESIGN §8)", facts: genFacts{cmp: differs},
+			answers: answers{writer: yes, intact: yes, store: yes},
+			why:     genStore, asked: []genNeed{genNeedWriter, genNeedIntact, genNeedStore}},
+		{name: "stored too far out of order to compare", facts: genFacts{cmp: undecided},
+			why: genUndecided},
+		{name: "failover: another host continued past the file's last line: the file waits", facts: genFacts{cmp: shorter},
+			answers: answers{store: no, writer: yes},
+			why:     genContinued, asked: []genNeed{genNeedStore, genNeedWriter}},
+		{name: "failover: another host continued where the file has lines of its own: diverged", facts: genFacts{cmp: differs},
+			answers: answers{writer: yes, intact: yes, store: no},
+			why:     genDiverged, asked: []genNeed{genNeedWriter, genNeedIntact, genNeedStore}},
+		{name: "a copy of another host's lines with a line made up (recovery's header or placeholder): a new generation",
+			facts: genFacts{cmp: differs}, answers: answers{writer: yes, intact: no},
+			why: genChanged, asked: []genNeed{genNeedWriter, genNeedIntact}},
+		{name: "failover: another host's newer generation, the file has lines past its own: diverged",
+			facts:   genFacts{cmp: differs, older: true},
+			answers: answers{writer: yes, intact: yes, own: yes, store: no},
+			why:     genDiverged, asked: []genNeed{genNeedWriter, genNeedIntact, genNeedOwn, genNeedStore}},
+		{name: "failover: another host's newer generation, nothing past the file's own lines: it waits",
+			facts:   genFacts{cmp: differs, older: true},
+			answers: answers{writer: yes, intact: yes, own: no, store: no},
+			why:     genBehind, asked: []genNeed{genNeedWriter, genNeedIntact, genNeedOwn, genNeedStore}},
+		{name: "another host's newer generation, the file rewritten below its frontier: a new generation",
+			facts: genFacts{cmp: differs, older: true}, answers: answers{writer: yes, intact: no},
+			why: genChanged, asked: []genNeed{genNeedWriter, genNeedIntact}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := chooseGeneration(tc.facts)
-			asked := c.needStore
-			if asked {
-				tc.facts.store = tc.store
-				c = chooseGeneration(tc.facts)
-			}
-			if c.needStore || c.why != tc.why || asked != tc.askedIt {
-				t.Errorf("why %d asked %v (need %v), want why %d asked %v", c.why, asked, c.needStore, tc.why, tc.askedIt)
+			c, asked := decided(t, tc.facts, chooseGeneration, func(c genChoice) genNeed { return c.need }, func(g *genFacts, n genNeed) {
+				a := map[genNeed]lookup{genNeedStore: tc.store, genNeedWriter: tc.writer, genNeedIntact: tc.intact, genNeedOwn: tc.own}[n]
+				if !a.asked {
+					t.Fatalf("asked %d, which the row does not answer", n)
+				}
+				switch n {
+				case genNeedStore:
+					g.store = a
+				case genNeedWriter:
+					g.writer = a
+				case genNeedIntact:
+					g.intact = a
+				case genNeedOwn:
+					g.own = a
+				}
+			})
+			if got, want := fmt.Sprint(c.why, asked), fmt.Sprint(tc.why, tc.asked); got != want {
+				t.Errorf("why, asked: %s, want %s", got, want)
 			}
 		})
 	}

@@ -25,11 +25,14 @@ import (
 // openKey picks the key f mirrors under (chooseKey), before its claim: it gathers the
 // facts, looks up the costly ones only when the decision asks for them, and acts on the
 // choice (a log line, the report of a clash still there).
+//
+// It also returns the divergence the head of a key found in the mirror records (keyDiverged).
 func (p *Publisher) openKey(ctx context.Context, f watcher.File, why watcher.OpenReason, old *fileState, id, replacedKey string,
-	rec checkpoint.Record, found bool, hdrSHA string, log *zap.Logger) keyChoice {
+	rec checkpoint.Record, found bool, hdrSHA string, log *zap.Logger) (keyChoice, *mirror.Divergence) {
 	k := keyFacts{id: id, reopened: reopenedKey(old, f, why, id), replaced: replacedKey, known: old != nil && !old.skipped,
 		record: found, recordHeader: rec.HeaderSHA == hdrSHA, recordHere: rec.Root == f.Root && rec.Rel == f.Rel,
 		recordKey: rec.ConvKey}
+	var div *mirror.Divergence
 	logged := false
 	for {
 		c := chooseKey(k)
@@ -46,7 +49,8 @@ func (p *Publisher) openKey(ctx context.Context, f watcher.File, why watcher.Ope
 			k.recorded = answer(p.recordedClashKey(f, id))
 			continue
 		case needPrevious:
-			k.previous = answer(p.previousClashKey(ctx, f, id))
+			key, d, ok := p.previousClashKey(ctx, f, id)
+			k.previous, k.previousDiverged, div = answer(key, ok), d != nil, d
 			continue
 		}
 		if c.why == keyPrevious {
@@ -57,7 +61,10 @@ func (p *Publisher) openKey(ctx context.Context, f watcher.File, why watcher.Ope
 			log.Warn("two local files carry one conversation id; mirroring this one under the key it had",
 				zap.String("conversation", id), zap.String("key", c.key))
 		}
-		return c
+		if c.why != keyDiverged {
+			div = nil
+		}
+		return c, div
 	}
 }
 
@@ -208,7 +215,20 @@ func (p *Publisher) unkeyed(st *fileState) {
 // clashKey is the key a file mirrors under when another local file carries its
 // conversation id: derived from its path, so that it is the same at every start.
 func clashKey(key string, f watcher.File) string {
-	sum := sha256.Sum256([]byte(f.Root + "\x00" + f.Rel))
+	return derivedKey(key, f.Root+"\x00"+f.Rel)
+}
+
+// divergedKey is the key this host's copy of conversation key mirrors under once another
+// host continued key past the lines they share (failover.go): derived like a clash key,
+// from the host too, so that two hosts whose copies have one path get two keys, and the
+// same at every start.
+func divergedKey(key, host string, f watcher.File) string {
+	return derivedKey(key, host+"\x00"+f.Root+"\x00"+f.Rel)
+}
+
+// derivedKey is key~<8 hex digits of place's digest>, which clashKeyID parses back.
+func derivedKey(key, place string) string {
+	sum := sha256.Sum256([]byte(place))
 	return key + "~" + hex.EncodeToString(sum[:4])
 }
 
@@ -218,20 +238,24 @@ func clashKey(key string, f watcher.File) string {
 // does not decide their keys again (the other order would mirror both files under new
 // keys, and leave two heads naming one path). It costs one head read per file opened
 // without a checkpoint, next to the scan of its conversation that such an open makes.
-func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key string) (string, bool) {
+//
+// The key of the file's copy of a conversation another host continued (failover.go) is
+// found the same way, among the id's derived keys, its head naming the file: it comes
+// back with the divergence its head records.
+func (p *Publisher) previousClashKey(ctx context.Context, f watcher.File, key string) (string, *mirror.Divergence, bool) {
 	alt := clashKey(key, f)
 	conv, err := mirror.NewConv(p.opts.Owner, alt)
 	if err != nil {
-		return "", false
+		return "", nil, false
 	}
 	h, _, err := p.reader.Head(ctx, conv)
 	switch {
 	case errors.Is(err, mirror.ErrNotFound):
 		if p.mirroredWithoutHead(ctx, conv, f) {
-			return alt, true
+			return alt, nil, true
 		}
 	case err == nil && p.headNames(h, f):
-		return alt, true
+		return alt, nil, true
 	}
 	// The file may have moved since it got its clash key: the key derived from its path
 	// is then another.

@@ -145,7 +145,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 	}
 	it.slot = true
 	st.mu.Lock()
-	wait := st.live(it) && len(st.queue) > 0 // sent, fenced, once the line before resolves
+	wait := p.waitsBehind(st, it)
 	it.waiting = wait
 	st.queue = append(st.queue, it)
 	st.seenEnd = max(st.seenEnd, it.end)
@@ -386,9 +386,13 @@ func (p *Publisher) resolve(pd pending, ack *jetstream.PubAck, err error) {
 		it.out.Release()
 	}
 	it.done, it.seq, it.out = true, ack.Sequence, nil
+	first := !st.ownAck
 	st.ownAck = true
 	st.retry = nil // publishing works again: the next failure starts a fresh backoff
 	p.settle(st, it)
+	if first {
+		p.sendBackfill(st)
+	}
 	if ack.Duplicate {
 		p.m.duplicates.Inc()
 	}
@@ -614,8 +618,9 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	st.mu.Unlock()
 	last, err := p.reader.LastSeq(ctx, st.conv)
 	var held map[int64]heldLine
+	var newer bool
 	if err == nil {
-		held, _, err = p.heldSince(ctx, st.conv, gen, from, last)
+		held, newer, err = p.heldSince(ctx, st.conv, gen, from, last)
 	}
 	p.resyncs.Release(1)
 	if err != nil {
@@ -628,7 +633,7 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 	st.mu.Lock()
 	st.fenceSeq = max(st.fenceSeq, last)
 	st.ownAck = false // the first line resent is fenced on what the mirror just said
-	if foreign(st, held) {
+	if newer || foreign(st, held) {
 		p.takeOver(st) // unlocks st.mu
 		p.endResync(st)
 		return nil
@@ -656,17 +661,19 @@ func (p *Publisher) resendUnheld(st *fileState) error {
 		p.noteDirty(st)
 	}
 	p.release(released)
-	// Live lines go one at a time again: back-filled ones now, the first live one now
-	// only if nothing is before it, each next one when the one before it resolves.
+	// The first line resent goes now, fenced; back-filled ones behind it once it is
+	// acknowledged, live ones each when the one before it resolves (onewriter.go).
 	st.mu.Lock()
+	hold := p.backfillHeld(st)
 	for k, it := range resend {
-		if k > 0 && st.live(it) {
+		if k > 0 && (st.live(it) || hold) {
 			for _, w := range resend[k:] {
 				w.waiting = true
 			}
 			resend = resend[:k]
 			break
 		}
+		it.waiting = false
 	}
 	st.mu.Unlock()
 	// Ends the pause before resending: a resend that fails starts a new reconciliation.

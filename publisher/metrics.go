@@ -27,6 +27,7 @@ type Metrics struct {
 	shrinks      prometheus.Counter // generations found lacking entries of the one before
 	shrunk       prometheus.Gauge   // sessions whose newest generation is shrunk
 	clashes      prometheus.Counter
+	divergences  prometheus.Counter
 	repeatedIDs  prometheus.Counter
 	quarantined  *prometheus.CounterVec
 	throttled    *prometheus.CounterVec // publishes refused for lack of room in the cluster, by reason
@@ -114,6 +115,10 @@ func NewMetrics() *Metrics {
 			Name: "pisync_conversation_clashes_total",
 			Help: "Local files found carrying a conversation id that another local file already carries.",
 		}),
+		divergences: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pisync_conversation_divergences_total",
+			Help: "Local copies of a conversation that another host continued past their shared lines, mirrored whole under a key of their own.",
+		}),
 		repeatedIDs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_repeated_entry_ids_total",
 			Help: "Lines whose entry id an earlier line of the same generation already carries, mirrored under their ordinal so that the server keeps them.",
@@ -177,7 +182,7 @@ func NewMetrics() *Metrics {
 func (m *Metrics) Register(r prometheus.Registerer) error {
 	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
 		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.shrinks, m.shrunk, m.clashes, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
+		m.rewrites, m.generations, m.shrinks, m.shrunk, m.clashes, m.divergences, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
 		m.inflight, m.inflightB, m.lastAckUnix}
 	if m.state == nil {
 		m.state = &stateCollector{}

@@ -21,7 +21,9 @@ import (
 //     Nats-Expected-Last-Subject-Sequence set to the newest sequence the daemon knows of
 //     the conversation's subject. The store publishes with the same check, so of a local
 //     line and a store append on one head exactly one lands; when the daemon's is refused,
-//     reconciliation finds the other writer's line in its generation (takeOver);
+//     reconciliation finds the other writer's line in its generation (takeOver). A daemon
+//     on another host mirroring a copy of the file (a warm standby that took over) fences
+//     its lines the same way: failover.go says what becomes of the copy that loses;
 //   - the head: the daemon never writes its head over one the store writes
 //     (mirror.Writer.PutHead), and learns from it which generation the store writes; at a
 //     resume, a file that is not exactly the store's lines so far starts a new generation.
@@ -29,10 +31,15 @@ import (
 // Lines appended since the file was opened go one at a time, each sent once the one
 // before it is acknowledged and fenced on it, however fast they come. The lines a file
 // held when it was opened (a back-fill, or lines written while the daemon was stopped)
-// are pipelined behind the fenced first one: serializing them would double the CPU a
-// back-fill costs and halve its speed (bench/RESULTS.md, CPU per line). A store append
-// landing between two of them is not excluded; the runbook's cut-over precondition (the
-// owner's files verified identical, so no back-fill is left) is what keeps it away.
+// are pipelined once the fenced first one is acknowledged: serializing them would double
+// the CPU a back-fill costs and halve its speed (bench/RESULTS.md, CPU per line), and
+// sending them before it is acknowledged would let them land after another writer's
+// line that made it refused (a host that took the conversation over while this one was
+// down). Another daemon's line cannot land between two of them: it is fenced on the
+// newest sequence that daemon knows, and a daemon that learns of this file's lines
+// stops extending the generation (takeOver). A store append can (its caller read the
+// conversation meanwhile); the runbook's cut-over precondition (the owner's files
+// verified identical, so no back-fill is left) is what keeps it away.
 // So the back-fill is fenced once: on the first line sent after the file was opened (or
 // reconciled), not again each time its queue drains while the watcher reads on. A fence
 // costs the server more than its check: it reads the subject's last message, and a read
@@ -78,6 +85,44 @@ func fence(st *fileState, it *item, on bool) string {
 	return ""
 }
 
+// waitsBehind reports whether line it, queued behind st's unresolved lines, waits to
+// be sent until they resolve: a live line until the one before it does (it is fenced on
+// it), a back-filled one until the file's first fenced line is acknowledged. The caller
+// holds st.mu.
+func (p *Publisher) waitsBehind(st *fileState, it *item) bool {
+	return len(st.queue) > 0 && (st.live(it) || p.backfillHeld(st))
+}
+
+// backfillHeld reports whether st's back-filled lines wait for its first fenced line
+// (see above): none of its lines is acknowledged since it was opened or reconciled, and
+// that first line is fenced. The caller holds st.mu.
+func (p *Publisher) backfillHeld(st *fileState) bool {
+	return !st.ownAck && !p.opts.Unfenced && max(st.acked.StreamSeq, st.fenceSeq) != 0
+}
+
+// sendBackfill sends the back-filled lines that waited for the file's first fenced line,
+// now that it is acknowledged: pipelined, unfenced (fence).
+func (p *Publisher) sendBackfill(st *fileState) {
+	st.mu.Lock()
+	if st.failed || st.resyncing != nil {
+		st.mu.Unlock()
+		return // the reconciliation resends them
+	}
+	var out []*item
+	for _, it := range st.queue {
+		if it.waiting && !st.live(it) {
+			it.waiting = false
+			out = append(out, it)
+		}
+	}
+	st.mu.Unlock()
+	for _, it := range out {
+		if p.send(p.runCtx, st, it) != nil {
+			return // closing: sent at the next start
+		}
+	}
+}
+
 // fenced reports whether err is the server refusing a fenced line: the subject holds a
 // message the daemon did not know of.
 func fenced(err error) bool {
@@ -110,8 +155,9 @@ func foreign(st *fileState, held map[int64]heldLine) bool {
 
 // takeOver gives up st's generation to the writer that extended it: the lines queued
 // for it are dropped (the frontier stays where it is) and the file is reopened, which
-// compares it with the mirror and mirrors it as a new generation. The caller holds
-// st.mu; takeOver releases it.
+// compares it with the mirror: a new generation when the writer is the session store,
+// the file's diverged key when it is another host (failover.go). The caller holds st.mu;
+// takeOver releases it.
 func (p *Publisher) takeOver(st *fileState) {
 	st.takenOver = true
 	var released int64
@@ -134,11 +180,8 @@ func (p *Publisher) takeOver(st *fileState) {
 		p.releaseSlot()
 	}
 	p.release(released)
-	p.mu.Lock()
-	p.storeGens[key] = gen
-	p.mu.Unlock()
-	p.log.Warn("another writer (the session store) extends the generation this file was mirrored into; "+
-		"its new lines go to a new generation", zap.String("path", path), zap.String("conversation", key), zap.Int("generation", gen))
+	p.log.Warn("another writer (the session store, or a copy of the file on another host) extends the generation this file was mirrored into; "+
+		"comparing the file with the mirror", zap.String("path", path), zap.String("conversation", key), zap.Int("generation", gen))
 	if p.opts.Reopen != nil {
 		p.opts.Reopen(path)
 	}
@@ -161,11 +204,17 @@ func (p *Publisher) storeWrites(ctx context.Context, st *fileState, gen int) (bo
 	case !h.StoreWrites():
 		return false, nil
 	}
+	p.noteStoreHead(st, h)
+	return h.Generation == gen, nil
+}
+
+// noteStoreHead records that the session store writes generation h.Generation of st's
+// conversation, which Open reads alone (st is not registered yet).
+func (p *Publisher) noteStoreHead(st *fileState, h mirror.Head) {
 	p.mu.Lock()
 	p.storeGens[st.conv.Key] = h.Generation
 	p.mu.Unlock()
 	st.storeGen = h.Generation
-	return h.Generation == gen, nil
 }
 
 // putHead writes a file's head; for a conversation the session store writes, only the

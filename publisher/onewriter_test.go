@@ -73,33 +73,8 @@ func newCutOver(t *testing.T, seed uint64) *cutOver {
 // run` does (Reopen bound to the watcher).
 func (c *cutOver) startDaemon() {
 	c.t.Helper()
-	c.cp = openStore(c.t, c.cpDir)
-	opts := testOptions(c.t, c.ctx, c.url)
-	opts.Checkpoints = c.cp
-	opts.CommitInterval, opts.HeadInterval = 20*time.Millisecond, 20*time.Millisecond
-	if c.window > 0 {
-		opts.WindowMessages = c.window
-	}
-	var reopen struct {
-		sync.Mutex
-		fn func(string) bool
-	}
-	opts.Reopen = func(path string) bool {
-		reopen.Lock()
-		defer reopen.Unlock()
-		return reopen.fn != nil && reopen.fn(path)
-	}
-	p, err := New(c.ctx, opts)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	p.Start()
-	c.pub = p
-	w, stop := startWatcherFor(c.t, c.ctx, p, c.root)
-	reopen.Lock()
-	reopen.fn = w.Reopen
-	reopen.Unlock()
-	c.stop = stop
+	d := startDaemonAt(c.t, c.ctx, c.url, c.root, c.cpDir, "h1", c.window)
+	c.cp, c.pub, c.stop = d.cp, d.pub, d.close
 	c.t.Cleanup(c.stopDaemon)
 }
 
@@ -108,10 +83,6 @@ func (c *cutOver) stopDaemon() {
 		return
 	}
 	c.stop()
-	if err := c.pub.Close(c.ctx); err != nil {
-		c.t.Error(err)
-	}
-	_ = c.cp.Close()
 	c.pub = nil
 }
 

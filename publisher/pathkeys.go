@@ -128,7 +128,7 @@ func (p *Publisher) replacedAtPath(f watcher.File, id string) bool {
 // file of this host that no longer exists, and whose mirrored lines begin f (same line
 // count, bytes and leaf), is f's (a copy renamed, the daemon killed right after it gave
 // the copy its key).
-func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, derived string) (string, bool) {
+func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, derived string) (string, *mirror.Divergence, bool) {
 	var gone []mirror.Head
 	for _, k := range p.view.clashKeysOf(ctx, p, id) {
 		if k == derived {
@@ -142,20 +142,20 @@ func (p *Publisher) movedClashKey(ctx context.Context, f watcher.File, id, deriv
 		switch {
 		case err != nil:
 		case p.headNames(h, f):
-			return k, true
+			return k, h.DivergedFrom, true
 		case h.Host == p.opts.Host && namedFileGone(h):
 			gone = append(gone, h)
 		}
 	}
 	if len(gone) == 0 || p.plainKeyNames(ctx, f, id) {
-		return "", false // a file the id's own head names is no moved copy, whatever its lines
+		return "", nil, false // a file the id's own head names is no moved copy, whatever its lines
 	}
 	for _, h := range gone {
 		if beginsWith(f.Path, h) {
-			return h.Key, true
+			return h.Key, h.DivergedFrom, true
 		}
 	}
-	return "", false
+	return "", nil, false
 }
 
 // plainKeyNames tells whether the head of conversation id (the plain key) names f.

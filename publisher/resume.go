@@ -21,16 +21,19 @@ import (
 // checkpointed generation) it asks the mirror what it holds after the checkpointed
 // stream sequence; without one, it reads the conversation's whole subject, compares the
 // local file with the newest mirrored generation, and starts a new generation if any
-// mirrored line changed or vanished, or the generation holds a line twice.
+// mirrored line changed or vanished, or the generation holds a line twice. prior is what
+// the file had acknowledged under st's key before (its previous state, or checkpoint):
+// it tells a copy another host continued from a file changed here (failover.go), and
+// what resume found of that is returned.
 //
 // Memory does not grow with the file: a first pass over the messages' headers learns the
 // newest generation, its extent and how far out of ordinal order it was stored, keeping
 // nothing per line; the comparison and then the lines the publisher must not send again
 // are read in ordinal order through a window (heldWindow).
-func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, log *zap.Logger) error {
+func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Start, prior known, log *zap.Logger) (resumeOutcome, error) {
 	if st.acked.Generation > 0 && (start.Offset > 0 || st.acked.StreamSeq > 0) {
 		if kept, err := p.resumeFromCheckpoint(ctx, st, log); err != nil || kept {
-			return err
+			return resumeOutcome{}, err
 		}
 		st.acked = frontier{}
 		st.leaf.Set("")
@@ -38,34 +41,72 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 	nw := newest{limit: p.heldLimit()}
 	err := p.reader.Scan(ctx, st.conv, mirror.ScanOptions{HeadersOnly: true}, nw.add)
 	if err != nil {
-		return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		return resumeOutcome{}, fmt.Errorf("resume %s: %w", st.conv.Key, err)
 	}
 	top := nw.gen
 	p.m.resumeQuery.WithLabelValues("scan").Inc()
 	st.acked = frontier{Generation: max(top, 1), Base: nw.msgs - nw.genMsgs}
 	if top == 0 {
-		return nil
+		return resumeOutcome{}, nil
 	}
 	st.fenceSeq = nw.last
 	held := nw.window(st.conv, p.maxDisorder())
 	cmp, err := p.compareWithMirror(ctx, st.file.Path, st.file.Size, 0, 0, held)
 	if err != nil {
-		return fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
+		return resumeOutcome{}, fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 	}
-	g := genFacts{cmp: cmp, doubled: nw.doubled()}
+	g := genFacts{cmp: cmp.cmp, doubled: nw.doubled(), older: prior.ok && prior.at.Generation < top}
+	var writer string // the host that wrote the mirror's line where the file parts from it
 	for {
 		c := chooseGeneration(g)
-		if c.needStore {
-			store, err := p.storeWrites(ctx, st, top)
-			if err != nil {
-				return fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		var err error
+		switch c.need {
+		case genNeedStore:
+			var store bool
+			if g.writer.ok {
+				store, err = p.storeWritesBy(ctx, st, top, cmp.line.seq)
+			} else {
+				store, err = p.storeWrites(ctx, st, top)
 			}
 			g.store = answer("", store)
+		case genNeedWriter:
+			writer, err = p.writerAt(ctx, st.conv, cmp)
+			g.writer = answer("", writer != "" && writer != p.opts.Host)
+		case genNeedIntact:
+			var ok bool
+			ok, err = p.intact(ctx, st, prior, top, cmp)
+			g.intact = answer("", ok)
+		case genNeedOwn:
+			var ok bool
+			ok, err = linePast(st.file.Path, st.file.Size, prior.at.Offset)
+			g.own = answer("", ok)
+		}
+		if err != nil {
+			return resumeOutcome{}, fmt.Errorf("resume %s: %w", st.conv.Key, err)
+		}
+		if c.need != genNeedNothing {
 			continue
 		}
-		if c.why == genKept {
+		switch c.why {
+		case genKept:
 			st.held = held.reread(0)
-			return nil
+			return resumeOutcome{}, nil
+		case genContinued:
+			st.held = held.reread(0)
+			log.Info("another host continues this conversation past this file's last line; the file publishes nothing, and is mirrored apart if it gets lines of its own",
+				zap.String("conversation", st.conv.Key), zap.String("host", writer), zap.Int64("lines", cmp.at))
+			return resumeOutcome{}, nil
+		case genBehind:
+			p.stayBehind(st, prior)
+			log.Info("another host started a newer generation of this conversation after this file's; the file publishes nothing, and is mirrored apart if it gets lines of its own",
+				zap.String("conversation", st.conv.Key), zap.String("host", writer), zap.Int("generation", top))
+			return resumeOutcome{behind: true}, nil
+		case genDiverged:
+			d := &mirror.Divergence{Key: st.conv.Key, Generation: top, Ordinal: cmp.at, Host: writer}
+			if g.older {
+				d.Generation, d.Ordinal = prior.at.Generation, prior.at.Ordinal
+			}
+			return resumeOutcome{diverged: d}, nil
 		}
 		st.acked.Generation, st.acked.Base = top+1, nw.msgs
 		p.m.generations.Inc()
@@ -75,14 +116,14 @@ func (p *Publisher) resume(ctx context.Context, st *fileState, start watcher.Sta
 			log.Warn("the newest generation holds a line twice; starting a new generation",
 				zap.String("conversation", st.conv.Key), zap.Int("generation", top+1),
 				zap.Uint64("messages", nw.genMsgs), zap.Int64("last_ordinal", nw.top))
-			return nil
+			return resumeOutcome{}, nil
 		case genStore:
 			why = "the session store writes this conversation and the local file was appended to since; starting a new generation"
 		case genUndecided:
 			why = "the newest generation was stored too far out of line order to compare it in bounded memory; starting a new generation"
 		}
 		log.Info(why, zap.String("conversation", st.conv.Key), zap.Int("generation", top+1))
-		return nil
+		return resumeOutcome{}, nil
 	}
 }
 
@@ -112,7 +153,7 @@ func (p *Publisher) resumeFromCheckpoint(ctx context.Context, st *fileState, log
 			if err != nil {
 				return false, fmt.Errorf("compare %s with the mirror: %w", st.file.Path, err)
 			}
-			f.compared, f.cmp = true, cmp
+			f.compared, f.cmp = true, cmp.cmp
 			continue
 		}
 		switch c.why {
@@ -124,7 +165,7 @@ func (p *Publisher) resumeFromCheckpoint(ctx context.Context, st *fileState, log
 				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal),
 				zap.Uint64("checkpoint_seq", st.acked.StreamSeq), zap.Stringer("mirror", past))
 		case pastVanished:
-			log.Info("lines mirrored past the checkpoint changed or vanished locally; comparing the whole file with the mirror",
+			log.Info("the mirror holds lines past the checkpoint that the file does not (changed or cut back here, or another host's copy went on); comparing the whole file with the mirror",
 				zap.String("conversation", st.conv.Key), zap.Int64("checkpoint_ordinal", st.acked.Ordinal))
 		case pastBehind:
 			log.Warn("the mirror is behind this file's checkpoint; comparing the whole file with it",
@@ -230,6 +271,19 @@ const (
 	undecided                    // the generation is stored too far out of order to compare in bounded memory
 )
 
+// compared is the outcome of compareWithMirror: how the file compares and, when it
+// differs or is shorter, where: at is the first ordinal the file does not hold as the
+// mirror does, line the first line the mirror holds from there on (found false: none).
+type compared struct {
+	cmp   comparison
+	at    int64
+	line  heldLine
+	found bool
+	// before is the last line the file holds as the mirror does, before at (ok: any).
+	before   heldLine
+	beforeOK bool
+}
+
 // compareWithMirror compares the file from ordinal from on (the line at byte offset off)
 // with what the mirror holds there, byte for byte, by ordinal. It streams the file, and
 // reads held in ordinal order through a fresh window, so memory grows neither with line
@@ -240,20 +294,30 @@ const (
 // it could vanish unseen (a file opened in the middle of an in-place rewrite of the same
 // lines, compared once the rewrite was done, then cut back to fewer lines, but not below
 // that size: read on as growth, every line held, the vanished ones kept).
-func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (comparison, error) {
+//
+// An ordinal the generation has no line at (its file's line was too long to mirror, or
+// refused for good) is the file's own when this host wrote the generation's next line:
+// the file that left it out reads it again. Where another host wrote on, the file's line
+// there is not one the mirror holds: a copy rebuilt by recovery has a placeholder there,
+// which is none of the conversation's lines (the file differs).
+func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, off, from int64, held *heldWindow) (compared, error) {
 	if held == nil || held.top < from {
-		return sameLength, nil // nothing mirrored from there on to compare
+		return compared{cmp: sameLength}, nil // nothing mirrored from there on to compare
 	}
 	if !held.complete && held.disorder > held.maxDisorder {
-		return undecided, nil
+		return compared{cmp: undecided}, nil
 	}
 	w := held.reread(from)
 	f, err := os.Open(path)
 	if err != nil {
-		return differs, err
+		return compared{}, err
 	}
 	defer f.Close()
-	ord := from // of the next line
+	ord := from         // of the next line
+	holesMine := false  // a hole was found left out by this host: the generation's others are too
+	var at heldLine     // the mirror's line where the file differs
+	var before heldLine // the last line the file holds as the mirror does
+	beforeOK := false
 	_, err = session.ReadLines(io.NewSectionReader(f, off, max(size-off, 0)), func(l session.DigestedLine) error {
 		if ord > w.top {
 			return errLonger
@@ -263,23 +327,73 @@ func (p *Publisher) compareWithMirror(ctx context.Context, path string, size, of
 				return err
 			}
 		}
-		if hl, ok := w.take(ord); ok && !hl.holds(l.SHA256) {
+		hl, ok := w.take(ord)
+		switch {
+		case ok && !hl.holds(l.SHA256):
+			at = hl
 			return errDiffers
+		case !ok && !holesMine:
+			next, found, err := p.nextHeld(ctx, w, ord+1)
+			if err != nil {
+				return err
+			}
+			if found {
+				mine, err := p.writtenHere(ctx, w.conv, next)
+				if err != nil {
+					return err
+				}
+				if !mine {
+					at = next
+					return errDiffers
+				}
+				holesMine = true
+			}
+		case ok:
+			before, beforeOK = hl, true
 		}
 		ord++
 		return nil
 	})
 	switch {
 	case errors.Is(err, errLonger):
-		return longer, nil
+		return compared{cmp: longer}, nil
 	case errors.Is(err, errDiffers):
-		return differs, nil
+		return compared{cmp: differs, at: ord, line: at, found: true, before: before, beforeOK: beforeOK}, nil
 	case err != nil:
-		return differs, err
+		return compared{}, err
 	case ord > w.top:
-		return sameLength, nil // a torn tail is not a line
+		return compared{cmp: sameLength}, nil // a torn tail is not a line
 	}
-	return shorter, nil // mirrored lines vanished, or another writer added them
+	// Mirrored lines vanished, or another writer added them.
+	next, found, err := p.nextHeld(ctx, w, ord)
+	if err != nil {
+		return compared{}, err
+	}
+	return compared{cmp: shorter, at: ord, line: next, found: found, before: before, beforeOK: beforeOK}, nil
+}
+
+// nextHeld returns the first line w holds at ordinal o or after, without taking it.
+func (p *Publisher) nextHeld(ctx context.Context, w *heldWindow, o int64) (heldLine, bool, error) {
+	for ; o <= w.top; o++ {
+		for !w.decided(o) {
+			if err := p.fill(ctx, w, o, nil); err != nil {
+				return heldLine{}, false, err
+			}
+		}
+		if h, ok := w.lines[o]; ok {
+			return h, true, nil
+		}
+	}
+	return heldLine{}, false, nil
+}
+
+// writtenHere reports whether this host published the line h of conversation c.
+func (p *Publisher) writtenHere(ctx context.Context, c mirror.Conv, h heldLine) (bool, error) {
+	l, err := p.reader.LineAt(ctx, c, h.seq)
+	if err != nil {
+		return false, fmt.Errorf("resume %s: the writer of sequence %d: %w", c.Key, h.seq, err)
+	}
+	return l.Host == p.opts.Host, nil
 }
 
 // The outcomes that end compareWithMirror's read of the file early.

@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -180,26 +181,32 @@ func TestCompareWithMirror(t *testing.T) {
 		return b
 	}
 	ten := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	holed := []int64{0, 1, 2, 3, 4, 6, 7, 8, 9} // ordinal 5 left out (too long, or refused)
+	const none = -1
 	cases := []struct {
-		name    string
-		ords    []int64
-		file    []byte
-		limit   int64 // maxDisorder
-		want    comparison
-		wantOld comparison // with an older generation's late resends only
+		name  string
+		ords  []int64
+		file  []byte
+		limit int64 // maxDisorder
+		want  comparison
+		at    int64  // where it differs or ends (none: not asked)
+		host  string // of the mirrored lines ("": this host)
 	}{
-		{"same length", ten, lines(10), 1 << 16, sameLength, 0},
-		{"same length, torn tail", ten, append(lines(10), `{"ty`...), 1 << 16, sameLength, 0},
-		{"longer", ten, lines(12), 1 << 16, longer, 0},
-		{"shorter", ten, lines(7), 1 << 16, shorter, 0},
-		{"empty file", ten, nil, 1 << 16, shorter, 0},
-		{"differs", ten, lines(10, 5), 1 << 16, differs, 0},
-		{"differs at the last line", ten, lines(10, 9), 1 << 16, differs, 0},
-		{"resends within the window", []int64{0, 1, 3, 4, 2, 5, 6, 8, 9, 7}, lines(10), 2, sameLength, 0},
-		{"resends within the window, differs", []int64{0, 1, 3, 4, 2, 5, 6, 8, 9, 7}, lines(10, 7), 2, differs, 0},
-		{"late resends of an older generation", []int64{0, 1, -1, 2, 3, -4, 4, 5, 6, 7, 8, 9}, lines(10), 1 << 16, sameLength, 0},
-		{"second copies: the first counts", []int64{0, 1, 2, 3, 103, 4, 5, 6, 7, 8, 9, 105}, lines(10), 1 << 16, sameLength, 0},
-		{"reordered beyond the bound", []int64{1, 2, 3, 4, 5, 0, 6, 7, 8, 9}, lines(10), 2, undecided, 0},
+		{"same length", ten, lines(10), 1 << 16, sameLength, none, ""},
+		{"same length, torn tail", ten, append(lines(10), `{"ty`...), 1 << 16, sameLength, none, ""},
+		{"longer", ten, lines(12), 1 << 16, longer, none, ""},
+		{"shorter", ten, lines(7), 1 << 16, shorter, 7, ""},
+		{"empty file", ten, nil, 1 << 16, shorter, 0, ""},
+		{"differs", ten, lines(10, 5), 1 << 16, differs, 5, ""},
+		{"differs at the last line", ten, lines(10, 9), 1 << 16, differs, 9, ""},
+		{"resends within the window", []int64{0, 1, 3, 4, 2, 5, 6, 8, 9, 7}, lines(10), 2, sameLength, none, ""},
+		{"resends within the window, differs", []int64{0, 1, 3, 4, 2, 5, 6, 8, 9, 7}, lines(10, 7), 2, differs, 7, ""},
+		{"late resends of an older generation", []int64{0, 1, -1, 2, 3, -4, 4, 5, 6, 7, 8, 9}, lines(10), 1 << 16, sameLength, none, ""},
+		{"second copies: the first counts", []int64{0, 1, 2, 3, 103, 4, 5, 6, 7, 8, 9, 105}, lines(10), 1 << 16, sameLength, none, ""},
+		{"reordered beyond the bound", []int64{1, 2, 3, 4, 5, 0, 6, 7, 8, 9}, lines(10), 2, undecided, none, ""},
+		{"a line this host left out: the file's own", holed, lines(10), 1 << 16, sameLength, none, ""},
+		{"a line another host left out, filled by the file (a recovered placeholder)", holed, lines(10), 1 << 16, differs, 5, "h2"},
+		{"shorter than another host's generation", ten, lines(4), 1 << 16, shorter, 4, "h2"},
 	}
 	dir := t.TempDir()
 	for i, tc := range cases {
@@ -208,6 +215,7 @@ func TestCompareWithMirror(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, m := range streamOf(tc.ords...) {
+			m.Host = cmp.Or(tc.host, opts.Host)
 			if _, err := opts.JS.PublishMsg(ctx, opts.Names.NewMsg(conv, m.Line, nil)); err != nil {
 				t.Fatal(err)
 			}
@@ -235,8 +243,11 @@ func TestCompareWithMirror(t *testing.T) {
 				if mode == "whole" && want == undecided {
 					want = sameLength // a generation kept whole is compared in any order
 				}
-				if got != want {
-					t.Fatalf("comparison %d, want %d", got, want)
+				if got.cmp != want {
+					t.Fatalf("comparison %d, want %d", got.cmp, want)
+				}
+				if tc.at != none && (got.at != tc.at || !got.found) {
+					t.Errorf("differs at %d (a mirrored line there: %v), want at %d", got.at, got.found, tc.at)
 				}
 			})
 		}

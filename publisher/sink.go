@@ -94,15 +94,25 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	}
 
 	rec, found := p.opts.Checkpoints.Get(checkpoint.Key(f.ID.Dev, f.ID.Ino))
-	kc := p.openKey(ctx, f, why, old, hdr.ID, replacedKey, rec, found, hdrSHA, log)
+	kc, div := p.openKey(ctx, f, why, old, hdr.ID, replacedKey, rec, found, hdrSHA, log)
 	key := p.claimKey(f, hdr.ID, kc.key, log)
 	conv, err := mirror.NewConv(p.opts.Owner, key)
 	if err != nil {
 		log.Error("conversation id cannot be mirrored", zap.String("conversation", hdr.ID), zap.Error(err))
 		return p.skip(f, session.ReasonBadID, log), nil
 	}
+	prior := knownOf(old, rec, kc.record, key)
+	switch {
+	case old != nil && !old.skipped && old.conv.Key == key:
+		div = old.diverged
+	case kc.record && rec.ConvKey == key:
+		div = divergenceOf(rec)
+	}
 	st := &fileState{file: withoutHeader(f), conv: conv, id: hdr.ID, cwd: hdr.Cwd, format: hdr.Format, hdrSum: hdrSum, liveFrom: f.Size,
-		mtime: f.MTime, headerAt: lead.HeaderAt}
+		mtime: f.MTime, headerAt: lead.HeaderAt, diverged: div}
+	if div == nil && (kc.why == keyReplaced || kc.why == keyRecorded) {
+		st.diverged = p.divergenceFor(ctx, st)
+	}
 	start, err := p.openStart(f, why, rec, kc.record, st, log)
 	if err != nil {
 		return watcher.Start{}, err
@@ -110,9 +120,17 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 	// A file the checkpoint proves acknowledged costs the mirror no question, so that a
 	// start costs O(changed files).
 	if start.Offset == 0 || !p.provenByCheckpoint(ctx, f, why, rec, conv.Key) {
-		if err := p.resume(ctx, st, start, log); err != nil {
+		r, err := p.resume(ctx, st, start, prior, log)
+		if err == nil && r.diverged != nil {
+			st, err = p.diverge(ctx, f, st, r.diverged, log)
+		}
+		if err != nil {
 			p.m.resumeQuery.WithLabelValues("error").Inc()
 			return watcher.Start{}, err
+		}
+		key = st.conv.Key
+		if r.behind {
+			start = watcher.Start{Offset: st.acked.Offset, Ordinal: st.acked.Ordinal}
 		}
 	}
 	if st.acked.Offset == 0 {

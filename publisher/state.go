@@ -14,8 +14,8 @@ import (
 
 // fileState is what the publisher knows of one session file. Its mutex guards every field
 // that changes once the state is registered; file, conv, id, cwd, format, hdrSum,
-// skipped, liveFrom and headerAt never change once it is built and are read without it
-// (locksordering.txt: the order of the publisher's mutexes).
+// skipped, liveFrom, headerAt and diverged never change once it is built and are read
+// without it (locksordering.txt: the order of the publisher's mutexes).
 //
 // There is one per session file, idle or not (100,000 on a big host), so it holds only
 // what publishing and the checkpoint and head records need: the header's id, cwd and
@@ -72,6 +72,9 @@ type fileState struct {
 	// (onewriter.go). The lines the file held when opened (a back-fill) are pipelined,
 	// however often the queue drains while the watcher reads them.
 	liveFrom int64
+	// diverged: conv is the key of this host's copy of a conversation another host
+	// continued past their shared lines (failover.go); nil for any other key.
+	diverged *mirror.Divergence
 }
 
 // item is one line past the frontier.
@@ -110,6 +113,14 @@ type frontier struct {
 	Bytes      int64
 }
 
+// divergenceOf is the divergence r records, nil for none.
+func divergenceOf(r checkpoint.Record) *mirror.Divergence {
+	if r.DivergedKey == "" {
+		return nil
+	}
+	return &mirror.Divergence{Key: r.DivergedKey, Generation: r.DivergedGen, Ordinal: r.DivergedOrdinal, Host: r.DivergedHost}
+}
+
 func frontierOf(r checkpoint.Record) frontier {
 	return frontier{Generation: r.Generation, Base: r.GenBase, Offset: r.Offset, Ordinal: r.Ordinal, StreamSeq: r.StreamSeq,
 		LastSHA: r.LastSHA, LastLen: r.LastLen, Entries: r.Entries, Bytes: r.Bytes}
@@ -117,7 +128,7 @@ func frontierOf(r checkpoint.Record) frontier {
 
 func (st *fileState) record() checkpoint.Record {
 	a := st.acked
-	return checkpoint.Record{
+	r := checkpoint.Record{
 		Dev: st.file.ID.Dev, Ino: st.file.ID.Ino,
 		HeaderSHA:    hex.EncodeToString(st.hdrSum[:]),
 		Root:         st.file.Root,
@@ -142,6 +153,10 @@ func (st *fileState) record() checkpoint.Record {
 		HeadSeq:      st.headSeq,
 		UpdatedAt:    time.Now().UTC(),
 	}
+	if d := st.diverged; d != nil {
+		r.DivergedKey, r.DivergedGen, r.DivergedOrdinal, r.DivergedHost = d.Key, d.Generation, d.Ordinal, d.Host
+	}
+	return r
 }
 
 func (st *fileState) head(host string) mirror.Head {
@@ -164,6 +179,7 @@ func (st *fileState) head(host string) mirror.Head {
 		LocalDeleted: st.gone,
 		Headerless:   st.headerAt < 0,
 		UpdatedAt:    time.Now().UTC(),
+		DivergedFrom: st.diverged,
 	}
 }
 

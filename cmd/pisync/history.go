@@ -14,8 +14,9 @@ import (
 )
 
 // HistoryCommand lists the generations of a conversation (and of the copies mirrored
-// under its clash keys): when each was stored, its entries and bytes, and which lost
-// entries of the generation before it. `pisync recover --generation N` restores any.
+// under its clash keys, or apart after another host continued it): when each was stored,
+// its entries and bytes, and which lost entries of the generation before it. `pisync
+// recover --generation N` restores any.
 func HistoryCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var conn connFlags
 	var jsonOut bool
@@ -83,6 +84,11 @@ func HistoryCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 				title += "  (" + h.Head.Source + " on " + h.Head.Host + ")"
 			}
 			fmt.Fprintln(stdout, title)
+			if h.Head != nil && h.Head.DivergedFrom != nil {
+				d := h.Head.DivergedFrom
+				fmt.Fprintf(stdout, "  diverged: host %s's copy, mirrored apart after line %d of conversation %s (generation %d), which host %s continues\n",
+					h.Head.Host, d.Ordinal, d.Key, d.Generation, d.Host)
+			}
 			printGenerations(stdout, "", h.Generations)
 		}
 	}

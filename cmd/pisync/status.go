@@ -91,6 +91,9 @@ func printStatus(w io.Writer, rep verify.StatusReport) {
 	if mt.WithoutHead > 0 {
 		fmt.Fprintf(w, "; %d without a usable head", mt.WithoutHead)
 	}
+	if mt.Diverged > 0 {
+		fmt.Fprintf(w, "; %d diverged copies mirrored apart", mt.Diverged)
+	}
 	if !mt.UpdatedAt.IsZero() {
 		fmt.Fprintf(w, "; last update %s", mt.UpdatedAt.Format(time.RFC3339))
 	}

@@ -38,6 +38,9 @@ type statusDoc struct {
 	// Shrunk are the sessions whose newest generation lacks entries of the one before
 	// it: destroyed in place, their data in the older generation.
 	Shrunk []publisher.ShrunkSession `json:"shrunk"`
+	// Diverged are the sessions mirrored apart because another host continued their
+	// conversation past the lines the two copies share.
+	Diverged []publisher.DivergedSession `json:"diverged"`
 	// SkippedFiles are the .jsonl files under the roots that are no session in any form.
 	SkippedFiles []publisher.SkippedFile `json:"skipped_files"`
 	Backpressure publisher.Backpressure  `json:"backpressure"` // the cluster holding publishing back for lack of room
@@ -175,10 +178,12 @@ func (d *daemon) status() statusDoc {
 	}
 	doc.Quarantined = []publisher.Quarantined{}
 	doc.Shrunk = []publisher.ShrunkSession{}
+	doc.Diverged = []publisher.DivergedSession{}
 	doc.SkippedFiles = []publisher.SkippedFile{}
 	if d.up.Load() {
 		doc.Quarantined = d.pub.Quarantined()
 		doc.Shrunk = d.pub.Shrunk()
+		doc.Diverged = d.pub.Diverged()
 		doc.SkippedFiles = d.pub.Skipped()
 		doc.Backpressure = d.pub.Backpressure()
 	}

@@ -66,11 +66,18 @@ type Record struct {
 	// ShrinkChecked is the generation last compared with the one before it (0: none),
 	// and ShrunkFrom, ShrunkMissing and ShrunkReason what that found (ShrunkFrom 0: it
 	// lacks nothing), so that a restart knows a shrunk session without reading the mirror.
-	ShrinkChecked int       `json:"shrink_checked,omitempty"`
-	ShrunkFrom    int       `json:"shrunk_from,omitempty"`
-	ShrunkMissing int64     `json:"shrunk_missing,omitempty"`
-	ShrunkReason  string    `json:"shrunk_reason,omitempty"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	ShrinkChecked int    `json:"shrink_checked,omitempty"`
+	ShrunkFrom    int    `json:"shrunk_from,omitempty"`
+	ShrunkMissing int64  `json:"shrunk_missing,omitempty"`
+	ShrunkReason  string `json:"shrunk_reason,omitempty"`
+	// DivergedKey, DivergedGen, DivergedOrdinal and DivergedHost say that ConvKey holds
+	// the file as a copy of conversation DivergedKey that another host continued past
+	// their shared lines (mirror.Divergence), for the heads written after a restart.
+	DivergedKey     string    `json:"diverged_key,omitempty"`
+	DivergedGen     int       `json:"diverged_gen,omitempty"`
+	DivergedOrdinal int64     `json:"diverged_ordinal,omitempty"`
+	DivergedHost    string    `json:"diverged_host,omitempty"`
+	UpdatedAt       time.Time `json:"updated_at"`
 }
 
 // Key is the store key of a file identity.

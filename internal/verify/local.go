@@ -226,7 +226,10 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 	byLoc := map[loc]int{}
 	byKey := map[string]int{}
 	for i, h := range heads {
-		byLoc[loc{h.Host, filepath.Clean(h.Root), h.Source}] = i
+		l := loc{h.Host, filepath.Clean(h.Root), h.Source}
+		if j, ok := byLoc[l]; !ok || h.DivergedFrom != nil || heads[j].DivergedFrom == nil {
+			byLoc[l] = i // a file mirrored apart after its copy diverged: its own key's head
+		}
 		byKey[h.ConvKey()] = i
 	}
 	headless := map[string]*Headless{}
@@ -270,10 +273,14 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 			rootSet[abs] = true
 		}
 	}
-	for j := range heads {
-		if !used[j] && heads[j].Host == host && rootSet[filepath.Clean(heads[j].Root)] {
-			pairs = append(pairs, Pair{Head: &heads[j]})
+	for j, h := range heads {
+		if used[j] || h.Host != host || !rootSet[filepath.Clean(h.Root)] {
+			continue
 		}
+		if i, ok := byLoc[loc{h.Host, filepath.Clean(h.Root), h.Source}]; ok && used[i] && heads[i].DivergedFrom != nil && heads[i].DivergedFrom.Key == h.ConvKey() {
+			continue // the head this file's copy had before it diverged (the other host's not written yet)
+		}
+		pairs = append(pairs, Pair{Head: &heads[j]})
 	}
 	s := Surveyed{Pairs: pairs, Heads: heads, BadHeads: list.Bad, Headless: []Headless{}}
 	for _, h := range headless {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/pisync/pisync/mirror"
@@ -31,10 +32,21 @@ const (
 	// StateSkipped: a .jsonl under a root that is no session in any form (the detail
 	// says why): the daemon skips it, and nothing under a root is invisible.
 	StateSkipped State = "skipped"
+	// StateDiverged: copies of the conversation on two hosts both went on past the lines
+	// they share (a primary back after its standby took over): one continues the
+	// conversation's key, the other is mirrored whole under a key of its own. Both are
+	// mirrored; the detail names the two hosts and keys.
+	StateDiverged State = "diverged"
+	// StateBehind: another host's copy of the conversation, which the mirror follows,
+	// holds more than this file (a standby not caught up, a primary back after its
+	// standby took over): the file publishes nothing; lines appended to it later are
+	// mirrored apart (diverged).
+	StateBehind State = "behind"
 )
 
 // States lists every state in display order.
-var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift, StateShrunk, StateSkipped}
+var States = []State{StateSynced, StatePending, StateTorn, StateError, StateMissing, StateNotMirrored, StateNoHead, StateDrift, StateShrunk,
+	StateDiverged, StateBehind, StateSkipped}
 
 // SessionStatus is the line of one session in `pisync status`.
 type SessionStatus struct {
@@ -78,6 +90,7 @@ type MirrorTotals struct {
 	Entries       int64     `json:"entries"`
 	Bytes         int64     `json:"bytes"`
 	LocalDeleted  int       `json:"local_deleted"`
+	Diverged      int       `json:"diverged"`            // of Conversations: copies mirrored apart after another host continued them
 	UpdatedAt     time.Time `json:"updated_at,omitzero"` // newest head update
 }
 
@@ -106,11 +119,20 @@ func Status(sv Surveyed, o mirror.Owner, host string, now time.Time) StatusRepor
 	for _, b := range sv.BadHeads {
 		rep.Warnings = append(rep.Warnings, b.Warning())
 	}
+	copies := map[string][]mirror.Head{} // conversation key → the heads of its diverged copies
+	for _, h := range heads {
+		if d := h.DivergedFrom; d != nil {
+			copies[d.Key] = append(copies[d.Key], h)
+		}
+	}
 	for _, p := range sv.Pairs {
 		if p.Headless != nil {
 			withoutHead++
 		}
-		s := sessionStatus(p, now)
+		s := sessionStatus(p, host, now)
+		if s.State == StateSynced && p.Head != nil {
+			diverged(&s, p.Head, copies[p.Head.ConvKey()])
+		}
 		rep.Sessions = append(rep.Sessions, s)
 		t := &rep.Local
 		t.States[s.State]++
@@ -135,6 +157,9 @@ func Status(sv Surveyed, o mirror.Owner, host string, now time.Time) StatusRepor
 		if h.LocalDeleted {
 			m.LocalDeleted++
 		}
+		if h.DivergedFrom != nil {
+			m.Diverged++
+		}
 		if h.UpdatedAt.After(m.UpdatedAt) {
 			m.UpdatedAt = h.UpdatedAt
 		}
@@ -143,7 +168,7 @@ func Status(sv Surveyed, o mirror.Owner, host string, now time.Time) StatusRepor
 	return rep
 }
 
-func sessionStatus(p Pair, now time.Time) SessionStatus {
+func sessionStatus(p Pair, host string, now time.Time) SessionStatus {
 	var s SessionStatus
 	if h := p.Head; h != nil {
 		s.Conversation, s.Key, s.Generation = h.Conversation, h.Key, h.Generation
@@ -184,6 +209,10 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 			p.Head.Generation, sh.Missing, sh.From, sh.Reason, p.Head.ConvKey(), sh.From)
 	case p.Head.StoreWrites():
 		storeWritten(&s, p.Head, complete)
+	case p.Head.Bytes > complete && p.Head.Host != host:
+		s.State = StateBehind
+		s.Detail = fmt.Sprintf("%s's copy of this conversation holds %d bytes, this file %d complete ones: this file publishes nothing, and is mirrored apart if lines are appended to it (pisync verify shows what differs)",
+			p.Head.Host, p.Head.Bytes, complete)
 	case p.Head.Bytes > complete:
 		s.State = StateError
 		s.Detail = fmt.Sprintf("the mirror holds %d bytes, the file %d complete ones: rewritten or truncated since (pisync verify shows what differs)", p.Head.Bytes, complete)
@@ -199,6 +228,30 @@ func sessionStatus(p Pair, now time.Time) SessionStatus {
 		s.State = StateSynced
 	}
 	return s
+}
+
+// diverged makes the state of a synced file whose conversation has copies on two hosts
+// that each went on past their shared lines (DESIGN, failover) diverged, naming both
+// hosts: the file h describes is either the copy mirrored under a key of its own
+// (h.DivergedFrom), or the one continuing the conversation that copies (the heads of
+// their keys) diverged from.
+func diverged(s *SessionStatus, h *mirror.Head, copies []mirror.Head) {
+	if d := h.DivergedFrom; d != nil {
+		s.State = StateDiverged
+		s.Detail = fmt.Sprintf("this copy (%s's) and %s's both went on after line %d of conversation %s (generation %d): %s's continues it, this one is mirrored whole under %s; pisync recover --conversation %s --out DIR restores it",
+			h.Host, d.Host, d.Ordinal, d.Key, d.Generation, d.Host, h.ConvKey(), h.ConvKey())
+		return
+	}
+	if len(copies) == 0 {
+		return
+	}
+	sort.Slice(copies, func(i, j int) bool { return copies[i].ConvKey() < copies[j].ConvKey() })
+	var others []string
+	for _, c := range copies {
+		others = append(others, fmt.Sprintf("%s's copy went on after line %d and is mirrored whole under %s", c.Host, c.DivergedFrom.Ordinal, c.ConvKey()))
+	}
+	s.State = StateDiverged
+	s.Detail = fmt.Sprintf("this copy (%s's) continues the conversation; %s", h.Host, strings.Join(others, "; "))
 }
 
 // storeWritten is the state of a local file whose conversation the session store writes

@@ -98,6 +98,55 @@ func driftString(d Drift) string {
 	return strings.Join(parts, ",")
 }
 
+func otherHost(h *mirror.Head) *mirror.Head {
+	h.Host = "h2"
+	return h
+}
+
+// TestStatusDiverged: a conversation whose copies on two hosts both went on past their
+// shared lines is diverged on either host, the detail naming both hosts and keys; a
+// copy not synced yet keeps its state.
+func TestStatusDiverged(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	conv := mirror.Head{Conversation: "c", Key: "c", Host: "hb", Root: "/b", Source: "x.jsonl", Generation: 1, Bytes: 100, UpdatedAt: now}
+	copyA := mirror.Head{Conversation: "c", Key: "c~0a0b0c0d", Host: "ha", Root: "/a", Source: "x.jsonl", Generation: 1, Bytes: 120, UpdatedAt: now,
+		DivergedFrom: &mirror.Divergence{Key: "c", Generation: 1, Ordinal: 3, Host: "hb"}}
+	other := mirror.Head{Conversation: "d", Key: "d", Host: "hb", Root: "/b", Source: "y.jsonl", Generation: 1, Bytes: 50, UpdatedAt: now}
+	file := func(path string, size int64) *LocalFile {
+		return &LocalFile{Path: path, Size: size, HeaderOK: true, ModTime: now}
+	}
+	o, _ := mirror.NewOwner("t1", "alice")
+	heads := []mirror.Head{conv, copyA, other}
+	for _, tc := range []struct {
+		name   string
+		host   string
+		pair   Pair
+		state  State
+		detail []string
+	}{
+		{"the copy mirrored apart", "ha", Pair{File: file("/a/x.jsonl", 120), Head: &copyA}, StateDiverged,
+			[]string{"(ha's)", "hb's continues", "after line 3", "c~0a0b0c0d", "pisync recover --conversation c~0a0b0c0d"}},
+		{"the copy mirrored apart, lines pending", "ha", Pair{File: file("/a/x.jsonl", 150), Head: &copyA}, StatePending, nil},
+		{"the copy going on under the conversation's key", "hb", Pair{File: file("/b/x.jsonl", 100), Head: &conv}, StateDiverged,
+			[]string{"(hb's) continues", "ha's copy", "c~0a0b0c0d"}},
+		{"another conversation", "hb", Pair{File: file("/b/y.jsonl", 50), Head: &other}, StateSynced, nil},
+	} {
+		rep := Status(Surveyed{Pairs: []Pair{tc.pair}, Heads: heads}, o, tc.host, now)
+		s := rep.Sessions[0]
+		if s.State != tc.state {
+			t.Errorf("%s: state %s (%s), want %s", tc.name, s.State, s.Detail, tc.state)
+		}
+		for _, w := range tc.detail {
+			if !strings.Contains(s.Detail, w) {
+				t.Errorf("%s: detail %q lacks %q", tc.name, s.Detail, w)
+			}
+		}
+		if rep.Mirror.Diverged != 1 || rep.Mirror.Conversations != 3 {
+			t.Errorf("%s: mirror totals %+v", tc.name, rep.Mirror)
+		}
+	}
+}
+
 // TestStatusStates checks the state of each kind of session and the totals.
 func TestStatusStates(t *testing.T) {
 	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
@@ -141,10 +190,13 @@ func TestStatusStates(t *testing.T) {
 		// A fresh header written over the session: every line of it is mirrored, and
 		// the session is not safe.
 		{"shrunk", Pair{File: file(100, 0), Head: shrunkHead(100)}, StateShrunk, 0, 100},
+		// Failover: another host's copy of the conversation went on past this file.
+		{"behind another host's copy", Pair{File: file(80, 0), Head: otherHost(head(100))}, StateBehind, 0, 100},
+		{"another host's copy, this file longer", Pair{File: file(150, 0), Head: otherHost(head(100))}, StatePending, 3600, 100 * 100.0 / 150},
 	}
 	var pairs []Pair
 	for _, tc := range cases {
-		s := sessionStatus(tc.pair, now)
+		s := sessionStatus(tc.pair, "h1", now)
 		if s.State != tc.state || s.LagSeconds != tc.lag || fmt.Sprintf("%.3f", s.Percent) != fmt.Sprintf("%.3f", tc.pct) {
 			t.Errorf("%s: state %s lag %v percent %.1f; want %s %v %.1f (%s)", tc.name, s.State, s.LagSeconds, s.Percent, tc.state, tc.lag, tc.pct, s.Detail)
 		}
@@ -183,6 +235,15 @@ func TestSurvey(t *testing.T) {
 			mirrortest.WriteFile(t, filepath.Join(root, filepath.FromSlash(m.Source)), mirrortest.JoinLines(lines))
 		}
 	}
+	// The first file's copy diverged after another host continued its conversation: it
+	// is mirrored whole under a key of its own, while its conversation's head still
+	// names it (the other host's head not written yet).
+	lines := mirrortest.ReadLines(t, filepath.Join("testdata", "sessions", "missing_middle", "input.jsonl"))
+	dm := mirrortest.MirrorFile(t, lines, 1, 0)
+	dm.Conv = heads[0].Key + "~0a0b0c0d"
+	dh := heads[0]
+	dh.Key, dh.DivergedFrom = dm.Conv, &mirror.Divergence{Key: heads[0].Key, Generation: 1, Ordinal: 2, Host: "otherhost"}
+	tm.Publish(t, dm, dm.Msgs, &dh)
 	mirrortest.WriteFile(t, filepath.Join(root, "notes.jsonl"), []byte("{\"hello\":1}\n")) // not a session
 	mirrortest.WriteFile(t, filepath.Join(root, "--new--", "fresh.jsonl"), []byte(`{"type":"session","version":3,"id":"fresh","timestamp":"t","cwd":"/new"}`+"\n"))
 
@@ -191,7 +252,7 @@ func TestSurvey(t *testing.T) {
 		t.Fatal(err)
 	}
 	pairs, all := sv.Pairs, sv.Heads
-	if len(all) != 4 {
+	if len(all) != 5 {
 		t.Fatalf("%d heads", len(all))
 	}
 	got := map[string]string{}
@@ -208,7 +269,7 @@ func TestSurvey(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"paired:" + heads[0].Key:  heads[0].Source,
+		"paired:" + dh.Key:        heads[0].Source,
 		"paired:" + heads[1].Key:  "--home-dev-alpha--/" + filepath.Base(heads[1].Source),
 		"paired:" + heads[2].Key:  heads[2].Source,
 		"missing:" + heads[3].Key: heads[3].Source,
