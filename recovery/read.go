@@ -24,8 +24,9 @@ type Mirror interface {
 	Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanOptions, fn func(mirror.Msg) error) error
 	ScanOwner(ctx context.Context, opts mirror.ScanOptions, fn func(key string, m mirror.Msg) error) error
 	Counts(ctx context.Context) (map[string]uint64, error)
+	// Conversations is the owner's conversations: the one listing every command starts from.
+	Conversations(ctx context.Context) (mirror.Listing, error)
 	Head(ctx context.Context, c mirror.Conv) (mirror.Head, uint64, error)
-	ListHeads(ctx context.Context) (mirror.HeadList, error)
 	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
 }
 

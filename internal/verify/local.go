@@ -170,9 +170,10 @@ func tornTail(r io.ReaderAt, size int64) (int64, error) {
 
 // Lister lists what the mirror holds for the caller; *mirror.Reader implements it.
 type Lister interface {
-	ListHeads(ctx context.Context) (mirror.HeadList, error)
-	Counts(ctx context.Context) (map[string]uint64, error)
+	Conversations(ctx context.Context) (mirror.Listing, error)
 }
+
+var _ Lister = (*mirror.Reader)(nil)
 
 // Pair is a local session file and what the mirror has for it. File is nil for a head of
 // this host, under one of the roots, whose file is gone. Head is nil for a file the
@@ -213,13 +214,9 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 	if err != nil {
 		return Surveyed{}, err
 	}
-	list, err := m.ListHeads(ctx)
+	list, err := m.Conversations(ctx)
 	if err != nil {
 		return Surveyed{}, err
-	}
-	counts, err := m.Counts(ctx)
-	if err != nil {
-		return Surveyed{}, fmt.Errorf("list the conversations in the stream: %w", err)
 	}
 	heads := list.Heads
 	type loc struct{ host, root, source string }
@@ -230,15 +227,16 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 		byKey[h.ConvKey()] = i
 	}
 	headless := map[string]*Headless{}
-	for key, n := range counts {
-		if _, ok := byKey[key]; !ok {
-			headless[key] = &Headless{Key: key, Messages: n, Reason: "the heads bucket has no head for it"}
+	headErrs := list.HeadErrors()
+	for key, n := range list.Counts {
+		if _, ok := byKey[key]; ok {
+			continue
 		}
-	}
-	for _, b := range list.Bad {
-		if h := headless[b.Conversation]; h != nil {
-			h.Reason = b.Err.Error()
+		reason := "the heads bucket has no head for it"
+		if err := headErrs[key]; err != nil {
+			reason = err.Error()
 		}
+		headless[key] = &Headless{Key: key, Messages: n, Reason: reason}
 	}
 	used := make([]bool, len(heads))
 	pairs := make([]Pair, 0, len(files))
