@@ -121,7 +121,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		st.count++
 		st.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: env.TargetID})
 		st.writer = mirror.WriterStore
-		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
+		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.leaf.ID())}
 		if later != nil && storeHead {
 			st.headDirty = true
 			if !st.headWriting { // else the request writing the head writes this append's too
@@ -164,10 +164,10 @@ func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply,
 		if ref.sha == sum {
 			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(ref.head), Duplicate: true}, nil
 		}
-		return nil, conflict(ReasonEntryExists, st.head, "entry %s is already in the conversation with other bytes", env.ID)
+		return nil, conflict(ReasonEntryExists, st.leaf.ID(), "entry %s is already in the conversation with other bytes", env.ID)
 	}
-	if st.head != expected {
-		return nil, conflict(ReasonHead, st.head, "expected head %s, the head is %s", show(expected), show(st.head))
+	if st.leaf.ID() != expected {
+		return nil, conflict(ReasonHead, st.leaf.ID(), "expected head %s, the head is %s", show(expected), show(st.leaf.ID()))
 	}
 	if _, ok := st.ids[env.ParentID]; env.ParentID != "" && !ok {
 		return nil, errorf(CodeInvalid, "parent %s of entry %s is not in the conversation", env.ParentID, env.ID)
