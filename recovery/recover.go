@@ -411,7 +411,7 @@ func placeOf(h mirror.Head, out string, roots []string) (string, bool) {
 	if h.Root == "" || h.Source == "" {
 		return "", false
 	}
-	if out != "" && (h.Cwd == "" || h.Conversation == "" || !strings.HasSuffix(path.Base(h.Source), "_"+h.Conversation+".jsonl")) {
+	if out != "" && (h.Cwd == "" || h.Conversation == "" || !session.IsFileNameOf(path.Base(h.Source), h.Conversation)) {
 		return "", false // the directory or the name would come from the header line
 	}
 	t, err := targetFor(&Plan{Root: h.Root, Source: h.Source, Header: session.Header{ID: h.Conversation, Cwd: h.Cwd}}, out, roots)

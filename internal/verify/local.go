@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/pisync/pisync/internal/session"
@@ -61,7 +60,7 @@ func FindSessions(roots []string) ([]LocalFile, error) {
 				}
 				return nil
 			}
-			if d.IsDir() || !d.Type().IsRegular() || !strings.HasSuffix(p, ".jsonl") {
+			if d.IsDir() || !d.Type().IsRegular() || !session.IsFileName(d.Name()) {
 				return nil
 			}
 			f := LocalFile{Root: root, Rel: relSlash(root, p), Path: p}
