@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -235,8 +234,8 @@ func checkBlob(sha string, want, got int64, sum [32]byte) error {
 	if got != want {
 		return fmt.Errorf("%w: blob %s holds %d bytes, the mirror recorded %d", ErrDigest, sha, got, want)
 	}
-	if hex.EncodeToString(sum[:]) != sha {
-		return fmt.Errorf("%w: blob %s hashes to %s", ErrDigest, sha, hex.EncodeToString(sum[:]))
+	if got := session.HexDigest(sum); got != sha {
+		return fmt.Errorf("%w: blob %s hashes to %s", ErrDigest, sha, got)
 	}
 	return nil
 }

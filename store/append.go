@@ -3,8 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -25,11 +23,6 @@ const PartSize = 512 << 10
 const attempts = 5
 
 var shaPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-func digest(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
 
 // Append adds one entry line (its exact bytes) to conversation id of owner o, after the
 // caller's leaf expected ("" for null), in DESIGN §8's order: owner → idempotency →
@@ -67,7 +60,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 	if e := checkEnvelope(env); e != nil {
 		return AppendReply{}, e
 	}
-	sum := digest(line)
+	sum := session.Digest(line)
 	st := s.conv(c)
 	defer st.mu.Unlock()
 	// The cached state is trusted only to go ahead: a publish on a stale state fails on

@@ -82,7 +82,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	}
 	st := s.conv(c)
 	defer st.mu.Unlock()
-	sum := digest(line)
+	sum := session.Digest(line)
 	for attempt := 0; attempt < attempts; attempt++ {
 		err := s.load(ctx, st, nil)
 		switch {

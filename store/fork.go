@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
 )
 
@@ -103,7 +104,7 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 	if err != nil {
 		return Meta{}, errorf(CodeInvalid, "session id %q: %v", hm.id, err)
 	}
-	sum := digest(line)
+	sum := session.Digest(line)
 	for attempt := 0; attempt < attempts; attempt++ {
 		mark, e := s.forkInProgress(ctx, dst, sum, req)
 		if e != nil {

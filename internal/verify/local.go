@@ -118,7 +118,7 @@ func readLocal(f *LocalFile) bool {
 			f.Skipped = lead.Reason
 		}
 	}
-	if f.Torn, err = tornTail(fh, f.Size); err != nil {
+	if f.Torn, err = session.TornTail(fh, f.Size); err != nil {
 		f.Err = err
 	}
 	return true
@@ -147,24 +147,6 @@ func leadLines(r io.Reader) (lines [][]byte, more bool, err error) {
 		}
 		lines = append(lines, line)
 	}
-}
-
-// tornTail returns how many bytes follow the last newline of a file of size bytes,
-// reading backwards in chunks.
-func tornTail(r io.ReaderAt, size int64) (int64, error) {
-	buf := make([]byte, 64<<10)
-	for end := size; end > 0; {
-		start := max(end-int64(len(buf)), 0)
-		chunk := buf[:end-start]
-		if _, err := r.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
-			return 0, err
-		}
-		if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
-			return size - (start + int64(i) + 1), nil
-		}
-		end = start
-	}
-	return size, nil
 }
 
 // Lister lists what the mirror holds for the caller; *mirror.Reader implements it.
