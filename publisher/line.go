@@ -3,7 +3,6 @@ package publisher
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -85,9 +84,7 @@ func (p *Publisher) Line(ctx context.Context, f watcher.File, l watcher.Line) er
 		sum = sha256.Sum256(data)
 	}
 	blob := data == nil || l.Len > p.opts.BlobThreshold
-	var digits [2 * sha256.Size]byte
-	hex.Encode(digits[:], sum[:])
-	sha := string(digits[:]) // one allocation: hex.EncodeToString makes two
+	sha := session.HexDigest(sum)
 	it.sha = sha
 
 	h, isHeld, err := p.takeHeld(ctx, st, l.Ordinal)
@@ -720,27 +717,15 @@ func readAgain(l watcher.Line, into *[]byte) (data, prefix []byte, sum [sha256.S
 }
 
 // digestSection hashes length bytes at offset of src (the descriptor the watcher read
-// the line with) in bounded memory, and returns them with the section's first
-// session.LinePrefixKeep bytes, read in the same pass: the envelope read from them is
-// that of the bytes the digest covers. A short section means the file changed under the
-// line: the watcher reopens it (ErrReopen).
+// the line with) in bounded memory, with their first bytes for the envelope
+// (session.DigestSection). A short section means the file changed under the line: the
+// watcher reopens it (ErrReopen).
 func digestSection(src io.ReaderAt, offset, length int64) (prefix []byte, sum [sha256.Size]byte, err error) {
-	prefix, err = readSection(src, offset, min(length, session.LinePrefixKeep))
-	if err != nil {
-		return nil, sum, err
+	prefix, sum, err = session.DigestSection(src, offset, length)
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		err = fmt.Errorf("line %w: %w", err, watcher.ErrReopen)
 	}
-	h := sha256.New()
-	h.Write(prefix)
-	rest := length - int64(len(prefix))
-	n, err := io.Copy(h, io.NewSectionReader(src, offset+int64(len(prefix)), rest))
-	if err != nil {
-		return nil, sum, fmt.Errorf("read: %w", err)
-	}
-	if n < rest {
-		return nil, sum, fmt.Errorf("line at offset %d cut short (%d of %d bytes): %w", offset, int64(len(prefix))+n, length, watcher.ErrReopen)
-	}
-	h.Sum(sum[:0])
-	return prefix, sum, nil
+	return prefix, sum, err
 }
 
 // readSection reads n bytes at offset of src (the descriptor the watcher read the line

@@ -2,8 +2,6 @@ package publisher
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -427,9 +425,12 @@ func verifyLastLine(path string, rec checkpoint.Record) (bool, error) {
 	if nl[0] != '\n' {
 		return false, nil
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, start, rec.LastLen)); err != nil {
+	_, sum, err := session.DigestSection(f, start, rec.LastLen)
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return false, nil // shorter than the line: not the file that held it
+	case err != nil:
 		return false, err
 	}
-	return hex.EncodeToString(h.Sum(nil)) == rec.LastSHA, nil
+	return session.HexDigest(sum) == rec.LastSHA, nil
 }

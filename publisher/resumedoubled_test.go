@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
@@ -151,7 +152,7 @@ func (l *lateLine) checkOnce(t *testing.T, what string) {
 			what, nw.gen, len(copies), len(l.f.Lines), len(twice), twice)
 	}
 	for o, ms := range copies {
-		if ms[0].SHA256 != mirrortest.Digest(l.f.Lines[o]) {
+		if ms[0].SHA256 != session.Digest(l.f.Lines[o]) {
 			t.Fatalf("%s: ordinal %d is not the file's line", what, o)
 		}
 	}
@@ -220,7 +221,7 @@ func TestResumeFromCheckpointBelowALateLine(t *testing.T) {
 			off += int64(len(line)) + 1
 		}
 		rec.Ordinal, rec.Offset, rec.Bytes, rec.Entries, rec.StreamSeq = ord, off, off, ord, l.late
-		rec.LastSHA, rec.LastLen = mirrortest.Digest(l.f.Lines[ord-1]), int64(len(l.f.Lines[ord-1]))
+		rec.LastSHA, rec.LastLen = session.Digest(l.f.Lines[ord-1]), int64(len(l.f.Lines[ord-1]))
 		rec.MTime, rec.HeadSeq = 0, 0
 		store.Put(rec)
 		if err := store.Commit(); err != nil {

@@ -3,7 +3,6 @@ package publisher
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -60,7 +59,7 @@ func (p *Publisher) Open(ctx context.Context, f watcher.File, why watcher.OpenRe
 		p.m.rewrites.WithLabelValues(reasonLabel(why)).Inc()
 	}
 	hdrSum := sha256.Sum256(f.Header())
-	hdrSHA := hex.EncodeToString(hdrSum[:])
+	hdrSHA := session.HexDigest(hdrSum)
 
 	// Whatever the watcher saw (an atomic rename over the path can also look like a
 	// new file), a file we knew at this path under another identity is replaced.

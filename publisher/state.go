@@ -2,7 +2,6 @@ package publisher
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"sync"
 	"time"
 
@@ -130,7 +129,7 @@ func (st *fileState) record() checkpoint.Record {
 	a := st.acked
 	r := checkpoint.Record{
 		Dev: st.file.ID.Dev, Ino: st.file.ID.Ino,
-		HeaderSHA:    hex.EncodeToString(st.hdrSum[:]),
+		HeaderSHA:    session.HexDigest(st.hdrSum),
 		Root:         st.file.Root,
 		Rel:          st.file.Rel,
 		Conversation: st.id,

@@ -11,14 +11,14 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/internal/session"
 )
 
 // stageFile stages a one-line file at rel under root, its line naming rel.
 func stageFile(t *testing.T, root, rel string) *staged {
 	t.Helper()
 	line := []byte(fmt.Sprintf(`{"type":"session","id":%q}`, rel))
-	plan := &Plan{Lines: []OutLine{{Data: line, SHA256: mirrortest.Digest(line), Size: int64(len(line))}}}
+	plan := &Plan{Lines: []OutLine{{Data: line, SHA256: session.Digest(line), Size: int64(len(line))}}}
 	s, err := stage(context.Background(), nil, target{root: root, rel: filepath.FromSlash(rel)}, plan)
 	if err != nil {
 		t.Fatal(err)

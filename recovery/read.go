@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,8 +23,9 @@ type Mirror interface {
 	Scan(ctx context.Context, c mirror.Conv, opts mirror.ScanOptions, fn func(mirror.Msg) error) error
 	ScanOwner(ctx context.Context, opts mirror.ScanOptions, fn func(key string, m mirror.Msg) error) error
 	Counts(ctx context.Context) (map[string]uint64, error)
+	// Conversations is the owner's conversations: the one listing every command starts from.
+	Conversations(ctx context.Context) (mirror.Listing, error)
 	Head(ctx context.Context, c mirror.Conv) (mirror.Head, uint64, error)
-	ListHeads(ctx context.Context) (mirror.HeadList, error)
 	Blob(ctx context.Context, sha256hex string) (io.ReadCloser, error)
 }
 
@@ -234,8 +234,8 @@ func checkBlob(sha string, want, got int64, sum [32]byte) error {
 	if got != want {
 		return fmt.Errorf("%w: blob %s holds %d bytes, the mirror recorded %d", ErrDigest, sha, got, want)
 	}
-	if hex.EncodeToString(sum[:]) != sha {
-		return fmt.Errorf("%w: blob %s hashes to %s", ErrDigest, sha, hex.EncodeToString(sum[:]))
+	if got := session.HexDigest(sum); got != sha {
+		return fmt.Errorf("%w: blob %s hashes to %s", ErrDigest, sha, got)
 	}
 	return nil
 }

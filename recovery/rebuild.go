@@ -1,8 +1,6 @@
 package recovery
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -161,9 +159,9 @@ func Rebuild(in Input) (*Plan, error) {
 		if l.Data == nil {
 			continue // blobs are checked while they are streamed
 		}
-		if sum := sha256.Sum256(l.Data); hex.EncodeToString(sum[:]) != l.SHA256 {
+		if sum := session.Digest(l.Data); sum != l.SHA256 {
 			return nil, fmt.Errorf("%w: line %d (ordinal %d) hashes to %s, the mirror recorded %s",
-				ErrDigest, l.Ordinal+1, l.Ordinal, hex.EncodeToString(sum[:]), l.SHA256)
+				ErrDigest, l.Ordinal+1, l.Ordinal, sum, l.SHA256)
 		}
 	}
 	// The format is the generation's own (a v1 file migrated by Pi is v3 only from the

@@ -108,7 +108,7 @@ func TestRebuildGolden(t *testing.T) {
 				t.Errorf("conflicts %v, want %v", kinds, tc.conflicts)
 			}
 			if len(tc.drop) > 0 {
-				checkTree(t, mirrortest.SplitLines(got), p)
+				checkTree(t, session.SplitLines(got), p)
 			}
 		})
 	}
@@ -299,7 +299,7 @@ func TestRebuildRandomHoles(t *testing.T) {
 			t.Fatalf("session %d: rebuilt leaf %q, mirrored lines' leaf %q", i, p.Report.Leaf, mirroredLeaf.ID())
 		}
 		if len(drop) > 0 {
-			checkTree(t, mirrortest.SplitLines(planBytes(t, p)), p)
+			checkTree(t, session.SplitLines(planBytes(t, p)), p)
 		} else if !bytes.Equal(planBytes(t, p), mirrortest.JoinLines(lines)) {
 			t.Fatalf("session %d: complete mirror, other bytes", i)
 		}

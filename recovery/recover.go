@@ -87,36 +87,17 @@ type Selection struct {
 // nothing. Select fails when the stream cannot be listed: what it would return could
 // leave conversations out without saying so.
 func Select(ctx context.Context, m Mirror, ids []string, all bool) (Selection, error) {
-	list, err := m.ListHeads(ctx)
+	list, err := m.Conversations(ctx)
 	if err != nil {
 		return Selection{}, err
 	}
-	counts, err := m.Counts(ctx)
-	if err != nil {
-		return Selection{}, fmt.Errorf("list the conversations in the stream: %w", err)
-	}
-	sel := Selection{heads: make(map[string]mirror.Head, len(list.Heads)), counts: counts,
-		BadHeads: list.Bad, bad: map[string]error{}}
-	owned := map[string]bool{}
-	for _, h := range list.Heads {
-		sel.heads[h.ConvKey()] = h
-		owned[h.ConvKey()] = true
-	}
-	for _, b := range list.Bad {
-		if b.Conversation != "" {
-			sel.bad[b.Conversation] = b.Err
-			owned[b.Conversation] = true
-		}
-	}
-	for key := range counts {
-		owned[key] = true
-	}
-	sel.owned = len(owned)
+	owned := list.Keys()
+	sel := Selection{heads: list.ByKey(), counts: list.Counts, BadHeads: list.Bad, bad: list.HeadErrors(), owned: len(owned)}
 	set := map[string]bool{}
 	for _, id := range ids {
 		set[id] = true
 	}
-	for key := range owned {
+	for _, key := range owned {
 		if all || set[key] || set[clashOf(key)] || set[sel.heads[key].Conversation] {
 			set[key] = true
 		}
@@ -434,7 +415,7 @@ func placeOf(h mirror.Head, out string, roots []string) (string, bool) {
 	if h.Root == "" || h.Source == "" {
 		return "", false
 	}
-	if out != "" && (h.Cwd == "" || h.Conversation == "" || !strings.HasSuffix(path.Base(h.Source), "_"+h.Conversation+".jsonl")) {
+	if out != "" && (h.Cwd == "" || h.Conversation == "" || !session.IsFileNameOf(path.Base(h.Source), h.Conversation)) {
 		return "", false // the directory or the name would come from the header line
 	}
 	t, err := targetFor(&Plan{Root: h.Root, Source: h.Source, Header: session.Header{ID: h.Conversation, Cwd: h.Cwd}}, out, roots)

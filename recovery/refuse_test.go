@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/mirror"
 )
@@ -49,7 +50,7 @@ func TestRecoverRefusals(t *testing.T) {
 			prepare: func(t *testing.T, s *setup) { s.head.Head = "e0000003" },
 			want:    []string{`head mismatch`, `"e0000007"`, `"e0000003"`, "--force writes it anyway"}},
 		{name: "digest mismatch", input: "missing_middle",
-			prepare: func(t *testing.T, s *setup) { s.m.Msgs[5].SHA256 = mirrortest.Digest([]byte("something else")) },
+			prepare: func(t *testing.T, s *setup) { s.m.Msgs[5].SHA256 = session.Digest([]byte("something else")) },
 			want:    []string{"digest mismatch", "line 6 (ordinal 5)"}},
 		{name: "blob digest mismatch", input: "blob", blobs: 400,
 			prepare: func(t *testing.T, s *setup) {},

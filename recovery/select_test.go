@@ -17,8 +17,8 @@ import (
 // out): what a selection then returns could leave conversations out.
 type noCounts struct{ Mirror }
 
-func (noCounts) Counts(context.Context) (map[string]uint64, error) {
-	return nil, errors.New("nats: timeout")
+func (noCounts) Conversations(context.Context) (mirror.Listing, error) {
+	return mirror.Listing{}, errors.New("list the conversations in the stream: nats: timeout")
 }
 
 // TestSelectListsFromStream: the conversations come from the stream itself. A

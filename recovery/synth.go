@@ -2,8 +2,6 @@ package recovery
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"path"
 	"time"
@@ -157,8 +155,7 @@ func earliestTimestamp(lines []Line) string {
 
 // synthLine is an output line made by recovery (header or placeholder).
 func synthLine(b []byte) OutLine {
-	sum := sha256.Sum256(b)
-	return OutLine{Data: b, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(b)), Ordinal: -1}
+	return OutLine{Data: b, SHA256: session.Digest(b), Size: int64(len(b)), Ordinal: -1}
 }
 
 // headFor returns the head when it describes the generation being rebuilt.

@@ -80,7 +80,7 @@ func targetFor(p *Plan, out string, roots []string) (target, error) {
 func layoutRel(p *Plan) (string, error) {
 	dir := session.DirName(p.Header.Cwd)
 	name := path.Base(p.Source)
-	if p.Source == "" || !strings.HasSuffix(name, "_"+p.Header.ID+".jsonl") {
+	if p.Source == "" || !session.IsFileNameOf(name, p.Header.ID) {
 		name = session.FileName(p.Header.Timestamp, p.Header.ID)
 	}
 	for _, elem := range []string{dir, name} {
@@ -156,7 +156,7 @@ func checkRel(rel string) error {
 		return errors.New("is not a clean path (\".\", \"..\" or empty elements)")
 	case strings.ContainsRune(rel, 0):
 		return errors.New("contains a NUL byte")
-	case !strings.HasSuffix(rel, ".jsonl"):
+	case !session.IsFileName(rel):
 		return errors.New("is not a .jsonl file")
 	}
 	for _, e := range strings.Split(rel, string(filepath.Separator)) {

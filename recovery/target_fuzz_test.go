@@ -85,7 +85,7 @@ func FuzzTarget(f *testing.F) {
 			t.Fatalf("--out: %q is not <session directory>/<file>", tg.rel)
 		}
 		line := []byte(`{"type":"session","id":"x"}`)
-		plan := &Plan{Lines: []OutLine{{Data: line, SHA256: mirrortest.Digest(line), Size: int64(len(line))}}}
+		plan := &Plan{Lines: []OutLine{{Data: line, SHA256: session.Digest(line), Size: int64(len(line))}}}
 		werr := writeAtomic(context.Background(), nil, tg, plan)
 		leaked := ""
 		_ = filepath.WalkDir(base, func(path string, d fs.DirEntry, err error) error {

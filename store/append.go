@@ -3,8 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -25,11 +23,6 @@ const PartSize = 512 << 10
 const attempts = 5
 
 var shaPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-func digest(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
 
 // Append adds one entry line (its exact bytes) to conversation id of owner o, after the
 // caller's leaf expected ("" for null), in DESIGN §8's order: owner → idempotency →
@@ -67,7 +60,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 	if e := checkEnvelope(env); e != nil {
 		return AppendReply{}, e
 	}
-	sum := digest(line)
+	sum := session.Digest(line)
 	st := s.conv(c)
 	defer st.mu.Unlock()
 	// The cached state is trusted only to go ahead: a publish on a stale state fails on
@@ -121,7 +114,7 @@ func (s *Store) appendLine(ctx context.Context, o mirror.Owner, id, expected str
 		st.count++
 		st.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: env.TargetID})
 		st.writer = mirror.WriterStore
-		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.head)}
+		done := AppendReply{OK: true, Seq: ack.Sequence, Ordinal: l.Ordinal, Head: headPtr(st.leaf.ID())}
 		if later != nil && storeHead {
 			st.headDirty = true
 			if !st.headWriting { // else the request writing the head writes this append's too
@@ -164,10 +157,10 @@ func (st *conv) check(env session.Envelope, sum, expected string) (*AppendReply,
 		if ref.sha == sum {
 			return &AppendReply{OK: true, Seq: ref.seq, Ordinal: ref.ordinal, Head: headPtr(ref.head), Duplicate: true}, nil
 		}
-		return nil, conflict(ReasonEntryExists, st.head, "entry %s is already in the conversation with other bytes", env.ID)
+		return nil, conflict(ReasonEntryExists, st.leaf.ID(), "entry %s is already in the conversation with other bytes", env.ID)
 	}
-	if st.head != expected {
-		return nil, conflict(ReasonHead, st.head, "expected head %s, the head is %s", show(expected), show(st.head))
+	if st.leaf.ID() != expected {
+		return nil, conflict(ReasonHead, st.leaf.ID(), "expected head %s, the head is %s", show(expected), show(st.leaf.ID()))
 	}
 	if _, ok := st.ids[env.ParentID]; env.ParentID != "" && !ok {
 		return nil, errorf(CodeInvalid, "parent %s of entry %s is not in the conversation", env.ParentID, env.ID)

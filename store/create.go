@@ -82,7 +82,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 	}
 	st := s.conv(c)
 	defer st.mu.Unlock()
-	sum := digest(line)
+	sum := session.Digest(line)
 	for attempt := 0; attempt < attempts; attempt++ {
 		err := s.load(ctx, st, nil)
 		switch {
@@ -91,7 +91,7 @@ func (s *Store) Create(ctx context.Context, o mirror.Owner, line []byte) (uint64
 				return st.headerSeq, s.meta(st), nil
 			}
 			s.m.conflicts.WithLabelValues(ReasonExists).Inc()
-			return 0, Meta{}, conflict(ReasonExists, st.head, "conversation %s exists", hm.id)
+			return 0, Meta{}, conflict(ReasonExists, st.leaf.ID(), "conversation %s exists", hm.id)
 		case !errors.Is(err, errNoConv):
 			return 0, Meta{}, errorf(CodeUnavailable, "%v", err)
 		}
@@ -157,7 +157,7 @@ func (s *Store) meta(st *conv) Meta {
 	}
 	return Meta{ID: id, CreatedAt: st.meta.createdAt, Cwd: st.meta.cwd, ParentSessionPath: st.meta.parentSession,
 		Metadata: st.meta.metadata, Path: p, Writer: writer, Generation: st.gen, Entries: st.entries,
-		Head: headPtr(st.head), LastSeq: st.subjSeq}
+		Head: headPtr(st.leaf.ID()), LastSeq: st.subjSeq}
 }
 
 // Delete removes a conversation's messages and head. Blobs are shared by digest and stay.

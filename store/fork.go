@@ -104,7 +104,7 @@ func (s *Store) Fork(ctx context.Context, o mirror.Owner, req forkReq) (Meta, *E
 	if err != nil {
 		return Meta{}, errorf(CodeInvalid, "session id %q: %v", hm.id, err)
 	}
-	sum := digest(line)
+	sum := session.Digest(line)
 	for attempt := 0; attempt < attempts; attempt++ {
 		mark, e := s.forkInProgress(ctx, dst, sum, req)
 		if e != nil {
@@ -161,7 +161,7 @@ func (s *Store) forkInProgress(ctx context.Context, dst mirror.Conv, sum string,
 		return &m, nil
 	}
 	s.m.conflicts.WithLabelValues(ReasonExists).Inc()
-	return nil, conflict(ReasonExists, nst.head, "conversation %s exists", dst.Key)
+	return nil, conflict(ReasonExists, nst.leaf.ID(), "conversation %s exists", dst.Key)
 }
 
 // forkSnapshot names the source's state a new fork copies: its generation up to now.
@@ -237,7 +237,7 @@ func (s *Store) forkCopy(ctx context.Context, dst mirror.Conv, line []byte, sum 
 			return Meta{}, false, errorf(CodeUnavailable, "%v", err)
 		case nst.headerSHA != sum || nst.gen != 1 || nst.fork == nil || !nst.fork.sameRequest(req):
 			s.m.conflicts.WithLabelValues(ReasonExists).Inc()
-			return Meta{}, false, conflict(ReasonExists, nst.head, "conversation %s exists", hm.id)
+			return Meta{}, false, conflict(ReasonExists, nst.leaf.ID(), "conversation %s exists", hm.id)
 		case *nst.fork != *mark:
 			return Meta{}, true, nil // made by a retry that read the source later: copy its snapshot
 		}
@@ -294,15 +294,9 @@ func (s *Store) forkCopyFrom(ctx context.Context, dst mirror.Conv, nst *conv, pi
 		if err != nil {
 			return false, errorf(CodeUnavailable, "fork into %s: %v", dst.Key, err)
 		}
-		target := ""
-		if l.EntryType == "leaf" {
-			if env, err := session.ScanEntry(m.Data); err == nil {
-				target = env.TargetID
-			}
-		}
 		nst.subjSeq = ack.Sequence
 		nst.count++
-		nst.apply(scanned{Line: l, seq: ack.Sequence, at: time.Now(), targetID: target})
+		nst.apply(scanOne(mirror.Msg{Line: l, Seq: ack.Sequence, Time: time.Now(), Data: m.Data}))
 	}
 	return true, nil
 }

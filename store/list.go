@@ -17,20 +17,13 @@ const listPage = 500
 
 // List returns the metadata of the owner's conversations, newest first.
 func (s *Store) List(ctx context.Context, o mirror.Owner, req listReq) ([]Meta, int, *Error) {
-	r := s.handles(o).reader
-	counts, err := r.Counts(ctx)
+	list, err := s.handles(o).reader.Conversations(ctx)
 	if err != nil {
 		return nil, 0, errorf(CodeUnavailable, "%v", err)
 	}
-	hl, err := r.ListHeads(ctx)
-	if err != nil {
-		return nil, 0, errorf(CodeUnavailable, "%v", err)
-	}
-	heads := map[string]mirror.Head{}
-	for _, h := range hl.Heads {
-		heads[h.ConvKey()] = h
-	}
+	heads, counts := list.ByKey(), list.Counts
 	var out []Meta
+	// The conversations the stream holds messages of: a head left without them lists nothing.
 	for key := range counts {
 		// A head the store wrote stands for the conversation only if it accounts for every
 		// message the stream holds for it: a replica stopped between its acknowledgement

@@ -76,7 +76,7 @@ func (s *Store) Open(ctx context.Context, o mirror.Owner, req openReq) (OpenRepl
 		return OpenReply{}, errorf(CodeNotFound, "conversation %q not found", req.ID)
 	}
 	s.repairHead(ctx, st)
-	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.head), Generation: st.gen, LastSeq: st.genSeq}
+	rep := OpenReply{OK: true, Meta: s.meta(st), Head: headPtr(st.leaf.ID()), Generation: st.gen, LastSeq: st.genSeq}
 	of := snapshotOrigin{conv: c.HeadKey(), gen: st.gen, headerSeq: st.headerSeq, last: st.genSeq}
 	if req.Generation == 0 {
 		key := snapshotKey(c, st.gen, st.genSeq)

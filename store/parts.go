@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
 )
 
@@ -82,7 +83,7 @@ func (s *Store) assemble(ctx context.Context, o mirror.Owner, ref blobRef) ([]by
 		buf = append(buf, b...)
 		names = append(names, name)
 	}
-	if int64(len(buf)) != ref.Size || digest(buf) != ref.SHA256 {
+	if int64(len(buf)) != ref.Size || session.Digest(buf) != ref.SHA256 {
 		return nil, nil, errorf(CodeInvalid, "the parts of %s are %d bytes with another digest", ref.SHA256, len(buf))
 	}
 	return buf, names, nil

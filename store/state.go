@@ -38,15 +38,15 @@ type conv struct {
 	c  mirror.Conv
 
 	loaded      bool
-	gen         int       // the generation served and extended
-	writer      string    // mirror.WriterStore or "" (daemon)
-	subjSeq     uint64    // newest stream sequence on the subject, any generation
-	count       uint64    // messages of the subject read or published, any generation (load)
-	refused     bool      // a publish found the subject's last sequence past subjSeq (load)
-	genSeq      uint64    // newest stream sequence of gen
-	genTime     time.Time // when the message at genSeq was stored (about)
-	lastOrdinal int64     // highest ordinal of gen (-1: none)
-	head        string    // Pi's leaf after the last line ("" = null)
+	gen         int          // the generation served and extended
+	writer      string       // mirror.WriterStore or "" (daemon)
+	subjSeq     uint64       // newest stream sequence on the subject, any generation
+	count       uint64       // messages of the subject read or published, any generation (load)
+	refused     bool         // a publish found the subject's last sequence past subjSeq (load)
+	genSeq      uint64       // newest stream sequence of gen
+	genTime     time.Time    // when the message at genSeq was stored (about)
+	lastOrdinal int64        // highest ordinal of gen (-1: none)
+	leaf        session.Leaf // Pi's leaf after the last line in file order (ID "" = null)
 	ids         map[string]entryRef
 	entries     int64 // entry lines of gen, header excluded
 	meta        headerMeta
@@ -135,7 +135,7 @@ func (s *Store) load(ctx context.Context, c *conv, out *loadOut) error {
 	return s.readAll(ctx, c, counted, out)
 }
 
-// scanOne is what load keeps of one message it read.
+// scanOne is what load keeps of one message it read (and a fork of one it copied).
 func scanOne(m mirror.Msg) scanned {
 	sc := scanned{Line: m.Line, seq: m.Seq, at: m.Time}
 	switch {
@@ -237,7 +237,7 @@ func (s *Store) build(ctx context.Context, c *conv, msgs []scanned) error {
 	if c.kvHasHead && c.kvHead.Writer == mirror.WriterStore && c.kvHead.Generation > 0 {
 		gen, c.writer = c.kvHead.Generation, mirror.WriterStore
 	}
-	c.gen, c.subjSeq, c.count, c.genSeq, c.lastOrdinal, c.head = gen, 0, uint64(len(msgs)), 0, -1, ""
+	c.gen, c.subjSeq, c.count, c.genSeq, c.lastOrdinal, c.leaf = gen, 0, uint64(len(msgs)), 0, -1, session.Leaf{}
 	c.ids, c.entries, c.meta, c.source, c.headerSHA, c.headerSeq = map[string]entryRef{}, 0, headerMeta{}, "", "", 0
 	c.fork = nil
 	sort.SliceStable(msgs, func(i, j int) bool { return msgs[i].Ordinal < msgs[j].Ordinal })
@@ -269,29 +269,27 @@ func (c *conv) apply(m scanned) {
 	if _, dup := c.ids[m.EntryID]; dup && m.Kind != mirror.KindRaw {
 		return // a second copy of a line (the reader drops those too)
 	}
+	env := m.envelope()
 	if m.Kind != mirror.KindRaw {
-		after := m.EntryID
-		switch {
-		case m.Format == string(session.FormatV1):
-			after = c.head
-		case m.EntryType == "leaf":
-			after = m.targetID
-		}
-		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256, head: after}
+		after := c.leaf
+		after.Apply(env)
+		c.ids[m.EntryID] = entryRef{seq: m.seq, ordinal: m.Ordinal, sha: m.SHA256, head: after.ID()}
 		c.entries++
 	}
 	if m.Ordinal <= c.lastOrdinal {
 		return // out of order: the head follows the last line in file order
 	}
 	c.lastOrdinal = m.Ordinal
-	switch {
-	case m.Kind == mirror.KindRaw || m.Format == string(session.FormatV1):
-		// no id: Pi's leaf rule leaves the leaf where it was
-	case m.EntryType == "leaf":
-		c.head = m.targetID
-	default:
-		c.head = m.EntryID
+	c.leaf.Apply(env)
+}
+
+// envelope is what Pi's leaf rule reads of m: nothing of a raw line, nor of a v1 entry
+// (it has no id; EntryID is its ordinal), else its type, id and target.
+func (m scanned) envelope() session.Envelope {
+	if m.Kind == mirror.KindRaw || m.Format == string(session.FormatV1) {
+		return session.Envelope{}
 	}
+	return session.Envelope{Type: m.EntryType, ID: m.EntryID, ParentID: m.ParentID, TargetID: m.targetID}
 }
 
 // incomplete reports whether c is a fork whose copy has not completed: no reader may see
@@ -328,7 +326,7 @@ func (s *Store) headValue(c *conv) mirror.Head {
 		h.Source = c.source
 	}
 	h.Cwd, h.Format, h.Generation = c.meta.cwd, string(session.FormatV3), c.gen
-	h.Entries, h.LastOrdinal, h.LastSeq, h.Head = c.entries+1, c.lastOrdinal, c.genSeq, c.head
+	h.Entries, h.LastOrdinal, h.LastSeq, h.Head = c.entries+1, c.lastOrdinal, c.genSeq, c.leaf.ID()
 	h.Writer, h.CreatedAt, h.ParentSession, h.Metadata = mirror.WriterStore, c.meta.createdAt, c.meta.parentSession, c.meta.metadata
 	h.UpdatedAt = time.Now().UTC()
 	return h
@@ -435,7 +433,7 @@ func (s *Store) repairHead(ctx context.Context, c *conv) {
 	if c.writer != mirror.WriterStore || c.headWriting {
 		return // not the store's, or being written by the request of an append
 	}
-	if c.kvHasHead && c.kvHead.Generation == c.gen && c.kvHead.LastSeq >= c.genSeq && c.kvHead.Head == c.head {
+	if c.kvHasHead && c.kvHead.Generation == c.gen && c.kvHead.LastSeq >= c.genSeq && c.kvHead.Head == c.leaf.ID() {
 		return
 	}
 	if time.Since(c.genTime) < s.opts.HeadRepairGrace {

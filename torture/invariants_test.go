@@ -776,7 +776,7 @@ func (r *run) recoveredFaults() []string {
 			if err != nil {
 				return nil
 			}
-			for i, l := range mirrortest.SplitLines(b) {
+			for i, l := range session.SplitLines(b) {
 				if r.fs.written[sha256.Sum256(l)] || bytes.Contains(l, []byte(recovery.PlaceholderType)) ||
 					(i == 0 && bytes.Contains(l, []byte(`"type":"session"`))) {
 					continue

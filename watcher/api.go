@@ -331,9 +331,6 @@ func within(path, dir string) bool {
 	return strings.HasPrefix(path, dir+string(filepath.Separator))
 }
 
-// isSessionName reports whether a file name is one the watcher tails.
-func isSessionName(name string) bool { return strings.HasSuffix(name, ".jsonl") }
-
 // Stats is a snapshot of the watcher's counters.
 type Stats struct {
 	Files        int   // files known (pending, tailing or skipped)

@@ -3,6 +3,8 @@ package watcher
 import (
 	"os"
 	"path/filepath"
+
+	pisession "github.com/pisync/pisync/internal/session"
 )
 
 // listDir touches the session files of dir and returns its subdirectories, in name order
@@ -23,7 +25,7 @@ func (w *Watcher) listDir(r *root, dir string, gen uint64, initial bool) (subdir
 		switch typ := e.Type(); {
 		case typ.IsDir():
 			subdirs = append(subdirs, p)
-		case typ.IsRegular() && isSessionName(e.Name()):
+		case typ.IsRegular() && pisession.IsFileName(e.Name()):
 			info, err := e.Info()
 			if err != nil {
 				continue

@@ -8,6 +8,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+
+	pisession "github.com/pisync/pisync/internal/session"
 )
 
 // eventBuffer is the number of events fsnotify may queue ahead of the event loop, so
@@ -85,7 +87,7 @@ func (w *Watcher) handleEvent(ctx context.Context, ev fsnotify.Event) {
 	if r == nil {
 		return
 	}
-	session := isSessionName(filepath.Base(path))
+	session := pisession.IsFileName(filepath.Base(path))
 	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 		if path == r.path {
 			w.rootLost(r)

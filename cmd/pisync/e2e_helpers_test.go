@@ -169,19 +169,6 @@ func sessionFiles(t testing.TB, root string) []string {
 	return out
 }
 
-// completeLines splits content into its complete lines (a torn tail is left out).
-func completeLines(content []byte) [][]byte {
-	var lines [][]byte
-	for {
-		i := bytes.IndexByte(content, '\n')
-		if i < 0 {
-			return lines
-		}
-		lines = append(lines, content[:i])
-		content = content[i+1:]
-	}
-}
-
 // mirrorMatches checks that the newest generation of the file's conversation holds
 // exactly the file's complete lines, byte for byte, in order.
 func mirrorMatches(ctx context.Context, r *mirror.Reader, path string) (bool, string) {
@@ -189,7 +176,7 @@ func mirrorMatches(ctx context.Context, r *mirror.Reader, path string) (bool, st
 	if err != nil {
 		return false, err.Error()
 	}
-	lines := completeLines(content)
+	lines := session.SplitLines(content)
 	if len(lines) == 0 {
 		return true, ""
 	}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/internal/verify"
@@ -476,7 +477,7 @@ func TestIsolationHostileNames(t *testing.T) {
 	good := recoverJSON(t, exitOK, append(conn, "--conversation", ids[0], "--out", out)...)
 	if r := good.Conversations[0]; r.Result != recovery.Written || filepath.Dir(filepath.Dir(r.Output)) != out {
 		t.Fatalf("recover %q: %s %s → %s", ids[0], r.Result, r.Reason, r.Output)
-	} else if got, _ := os.ReadFile(r.Output); !bytes.Equal(got, joinTestLines(files[0].Lines)) {
+	} else if got, _ := os.ReadFile(r.Output); !bytes.Equal(got, mirrortest.JoinLines(files[0].Lines)) {
 		t.Errorf("recover %q: not the original bytes", ids[0])
 	}
 	for _, id := range ids[1:] {

@@ -63,7 +63,7 @@ func migrateV1(t *testing.T, path string, rng *rand.Rand) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := completeLines(content)
+	lines := session.SplitLines(content)
 	var out bytes.Buffer
 	// A copy: appending to lines[0] in place would write over the start of line 2.
 	out.Write(append(bytes.Clone(bytes.TrimSuffix(lines[0], []byte("}"))), []byte(`,"version":3}`)...))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/internal/verify"
@@ -56,7 +57,7 @@ func TestStatusAndVerifyStates(t *testing.T) {
 	}
 	changed := append([][]byte(nil), drifted.Lines...)
 	changed[3] = []byte(`{"type":"custom","id":"0badf00d","parentId":null,"timestamp":"2026-11-01T09:00:00.000Z","customType":"edited"}`)
-	if err := os.WriteFile(drifted.Path, joinTestLines(changed), 0o644); err != nil {
+	if err := os.WriteFile(drifted.Path, mirrortest.JoinLines(changed), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	fresh := sessiontest.New(rng, root, "/home/dev/new", sessiontest.CLIV3)
@@ -151,15 +152,6 @@ func TestStatusAndVerifyStates(t *testing.T) {
 			t.Errorf("verify after the drift was undone: %v\n%s", err, stdout.String())
 		}
 	})
-}
-
-func joinTestLines(lines [][]byte) []byte {
-	var b bytes.Buffer
-	for _, l := range lines {
-		b.Write(l)
-		b.WriteByte('\n')
-	}
-	return b.Bytes()
 }
 
 // verifyJSON runs `pisync verify --json` and decodes its output.

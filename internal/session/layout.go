@@ -31,12 +31,25 @@ func DirName(cwd string) string {
 	return b.String()
 }
 
+// FileExt ends the name of every session file, Pi's and pisync's alike.
+const FileExt = ".jsonl"
+
+// IsFileName reports whether name (a file's name, or its path) is a session file's: the
+// files the daemon watches, status lists and recovery writes. A file named otherwise is
+// none of them, which recovery's temporary files rely on until their rename. What the
+// file holds decides the rest (Identify).
+func IsFileName(name string) bool { return strings.HasSuffix(name, FileExt) }
+
+// IsFileNameOf reports whether name is Pi's name for a file of conversation id
+// (FileName), whatever the timestamp before the id.
+func IsFileNameOf(name, id string) bool { return strings.HasSuffix(name, "_"+id+FileExt) }
+
 // FileName is the name Pi gives a session file: the ISO timestamp of its
 // creation with every ':' and '.' replaced by '-', then "_" + id + ".jsonl"
 // (timestamp.replace(/[:.]/g, "-") in the same two files as [DirName]).
 func FileName(timestamp, id string) string {
 	var b strings.Builder
-	b.Grow(len(timestamp) + len(id) + len("_.jsonl"))
+	b.Grow(len(timestamp) + len(id) + len("_"+FileExt))
 	for i := 0; i < len(timestamp); i++ {
 		switch c := timestamp[i]; c {
 		case ':', '.':
@@ -47,7 +60,7 @@ func FileName(timestamp, id string) string {
 	}
 	b.WriteByte('_')
 	b.WriteString(id)
-	b.WriteString(".jsonl")
+	b.WriteString(FileExt)
 	return b.String()
 }
 

@@ -37,6 +37,35 @@ func TestFileName(t *testing.T) {
 	}
 }
 
+func TestIsFileName(t *testing.T) {
+	const id = "0199a3c2-7d4e-7b6a-9f10-2c3d4e5f6a7b"
+	tests := []struct {
+		name     string
+		session  bool // IsFileName
+		ofID     bool // IsFileNameOf(name, id)
+		whyNotOf string
+	}{
+		{FileName("2026-01-05T10:00:00.000Z", id), true, true, ""},
+		{"--home-ana-p--/" + FileName("2026-01-05T10:00:00.000Z", id), true, true, ""}, // a path
+		{"x_" + id + ".jsonl", true, true, ""},                                         // another clock's name
+		{"notes.jsonl", true, false, "no id"},
+		{FileName("2026-01-05T10:00:00.000Z", "other"), true, false, "another id"},
+		{id + ".jsonl", true, false, "no '_' before the id"},
+		{"s.jsonl.pisync-0a1b2c.tmp", false, false, "recovery's temporary file"},
+		{"s.json", false, false, "not .jsonl"},
+		{"s.JSONL", false, false, "case counts"},
+		{"", false, false, "empty"},
+	}
+	for _, tt := range tests {
+		if got := IsFileName(tt.name); got != tt.session {
+			t.Errorf("IsFileName(%q) = %v, want %v", tt.name, got, tt.session)
+		}
+		if got := IsFileNameOf(tt.name, id); got != tt.ofID {
+			t.Errorf("IsFileNameOf(%q) = %v, want %v (%s)", tt.name, got, tt.ofID, tt.whyNotOf)
+		}
+	}
+}
+
 func TestCwdFromDirName(t *testing.T) {
 	tests := []struct {
 		name, want string

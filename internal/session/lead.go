@@ -144,7 +144,7 @@ func entriesFollow(lines [][]byte) bool {
 // id, and the creation time as an ISO timestamp ("" when the part before the id is not
 // Pi's encoding of one). ok is false when the name carries no id.
 func ParseFileName(name string) (id, timestamp string, ok bool) {
-	base, found := strings.CutSuffix(name, ".jsonl")
+	base, found := strings.CutSuffix(name, FileExt)
 	if !found {
 		return "", "", false
 	}

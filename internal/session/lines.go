@@ -2,12 +2,18 @@ package session
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 )
+
+// A line is the bytes before a '\n', without it; bytes after the last '\n' are a torn
+// tail (a line still being written, or left by a crash), never a line. Its digest is the
+// SHA-256 of those bytes, in hex as Pisync-Sha256 carries it.
 
 // LinePrefixKeep is how much of each line ReadLines keeps to describe it: enough to read
 // the envelope of all but the largest lines. It is also how much of a line too large to
@@ -81,7 +87,9 @@ func ReadLines(r io.Reader, fn func(DigestedLine) error) (torn int64, err error)
 					prefix = body
 				}
 			}
-			if err := fn(DigestedLine{Ordinal: ord, SHA256: hex.EncodeToString(h.Sum(nil)), Size: size, Prefix: prefix}); err != nil {
+			var sum [sha256.Size]byte
+			h.Sum(sum[:0])
+			if err := fn(DigestedLine{Ordinal: ord, SHA256: HexDigest(sum), Size: size, Prefix: prefix}); err != nil {
 				return 0, err
 			}
 			h.Reset()
@@ -102,4 +110,75 @@ func ReadLines(r io.Reader, fn func(DigestedLine) error) (torn int64, err error)
 			return 0, rerr
 		}
 	}
+}
+
+// Digest is the hex SHA-256 of line (without its newline).
+func Digest(line []byte) string { return HexDigest(sha256.Sum256(line)) }
+
+// HexDigest is sum in hex, in one allocation (hex.EncodeToString makes two): the
+// publisher takes it for every line.
+func HexDigest(sum [sha256.Size]byte) string {
+	var digits [2 * sha256.Size]byte
+	hex.Encode(digits[:], sum[:])
+	return string(digits[:])
+}
+
+// SplitLines splits b into its complete lines, without their newlines; a torn tail is
+// not a line. The lines share b's memory.
+func SplitLines(b []byte) [][]byte {
+	var lines [][]byte
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return lines
+		}
+		lines = append(lines, b[:i])
+		b = b[i+1:]
+	}
+}
+
+// TornTail returns how many bytes of a file of size bytes follow its last newline,
+// reading r backwards in chunks: what a tail of the file still lacks to be a line.
+func TornTail(r io.ReaderAt, size int64) (int64, error) {
+	buf := make([]byte, min(size, 64<<10))
+	for end := size; end > 0; {
+		start := max(end-int64(len(buf)), 0)
+		chunk := buf[:end-start]
+		if _, err := r.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
+			return size - (start + int64(i) + 1), nil
+		}
+		end = start
+	}
+	return size, nil
+}
+
+// DigestSection reads the n bytes at off of r once, hashing them in bounded memory, and
+// returns their SHA-256 with their first LinePrefixKeep bytes (all of them when fewer),
+// read in the same pass: an envelope scanned from the prefix is that of the bytes the
+// digest covers. A section that ends early fails with an error wrapping
+// io.ErrUnexpectedEOF: the file changed under it.
+func DigestSection(r io.ReaderAt, off, n int64) (prefix []byte, sum [sha256.Size]byte, err error) {
+	prefix = make([]byte, min(n, LinePrefixKeep))
+	got, err := r.ReadAt(prefix, off)
+	if got == len(prefix) {
+		err = nil // io.EOF with every byte asked for: the section ends the file
+	}
+	h := sha256.New()
+	h.Write(prefix[:got])
+	if err == nil {
+		var more int64
+		more, err = io.Copy(h, io.NewSectionReader(r, off+int64(got), n-int64(got)))
+		got += int(more)
+	}
+	switch {
+	case err != nil && !errors.Is(err, io.EOF):
+		return nil, sum, fmt.Errorf("read the section at offset %d: %w", off, err)
+	case int64(got) < n:
+		return nil, sum, fmt.Errorf("section at offset %d cut short (%d of %d bytes): %w", off, got, n, io.ErrUnexpectedEOF)
+	}
+	h.Sum(sum[:0])
+	return prefix, sum, nil
 }

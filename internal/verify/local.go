@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/pisync/pisync/internal/session"
@@ -61,7 +60,7 @@ func FindSessions(roots []string) ([]LocalFile, error) {
 				}
 				return nil
 			}
-			if d.IsDir() || !d.Type().IsRegular() || !strings.HasSuffix(p, ".jsonl") {
+			if d.IsDir() || !d.Type().IsRegular() || !session.IsFileName(d.Name()) {
 				return nil
 			}
 			f := LocalFile{Root: root, Rel: relSlash(root, p), Path: p}
@@ -119,7 +118,7 @@ func readLocal(f *LocalFile) bool {
 			f.Skipped = lead.Reason
 		}
 	}
-	if f.Torn, err = tornTail(fh, f.Size); err != nil {
+	if f.Torn, err = session.TornTail(fh, f.Size); err != nil {
 		f.Err = err
 	}
 	return true
@@ -150,29 +149,12 @@ func leadLines(r io.Reader) (lines [][]byte, more bool, err error) {
 	}
 }
 
-// tornTail returns how many bytes follow the last newline of a file of size bytes,
-// reading backwards in chunks.
-func tornTail(r io.ReaderAt, size int64) (int64, error) {
-	buf := make([]byte, 64<<10)
-	for end := size; end > 0; {
-		start := max(end-int64(len(buf)), 0)
-		chunk := buf[:end-start]
-		if _, err := r.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
-			return 0, err
-		}
-		if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
-			return size - (start + int64(i) + 1), nil
-		}
-		end = start
-	}
-	return size, nil
-}
-
 // Lister lists what the mirror holds for the caller; *mirror.Reader implements it.
 type Lister interface {
-	ListHeads(ctx context.Context) (mirror.HeadList, error)
-	Counts(ctx context.Context) (map[string]uint64, error)
+	Conversations(ctx context.Context) (mirror.Listing, error)
 }
+
+var _ Lister = (*mirror.Reader)(nil)
 
 // Pair is a local session file and what the mirror has for it. File is nil for a head of
 // this host, under one of the roots, whose file is gone. Head is nil for a file the
@@ -213,13 +195,9 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 	if err != nil {
 		return Surveyed{}, err
 	}
-	list, err := m.ListHeads(ctx)
+	list, err := m.Conversations(ctx)
 	if err != nil {
 		return Surveyed{}, err
-	}
-	counts, err := m.Counts(ctx)
-	if err != nil {
-		return Surveyed{}, fmt.Errorf("list the conversations in the stream: %w", err)
 	}
 	heads := list.Heads
 	type loc struct{ host, root, source string }
@@ -233,15 +211,16 @@ func Survey(ctx context.Context, m Lister, roots []string, host string) (Surveye
 		byKey[h.ConvKey()] = i
 	}
 	headless := map[string]*Headless{}
-	for key, n := range counts {
-		if _, ok := byKey[key]; !ok {
-			headless[key] = &Headless{Key: key, Messages: n, Reason: "the heads bucket has no head for it"}
+	headErrs := list.HeadErrors()
+	for key, n := range list.Counts {
+		if _, ok := byKey[key]; ok {
+			continue
 		}
-	}
-	for _, b := range list.Bad {
-		if h := headless[b.Conversation]; h != nil {
-			h.Reason = b.Err.Error()
+		reason := "the heads bucket has no head for it"
+		if err := headErrs[key]; err != nil {
+			reason = err.Error()
 		}
+		headless[key] = &Headless{Key: key, Messages: n, Reason: reason}
 	}
 	used := make([]bool, len(heads))
 	pairs := make([]Pair, 0, len(files))

@@ -6,8 +6,6 @@ package mirrortest
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -33,21 +31,7 @@ func ReadLines(t testing.TB, path string) [][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return SplitLines(b)
-}
-
-// SplitLines splits b into its complete lines; a torn tail is not a line.
-func SplitLines(b []byte) [][]byte {
-	var lines [][]byte
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			break
-		}
-		lines = append(lines, b[:i])
-		b = b[i+1:]
-	}
-	return lines
+	return session.SplitLines(b)
 }
 
 // JoinLines is the file holding lines, each ended by a newline.
@@ -58,12 +42,6 @@ func JoinLines(lines [][]byte) []byte {
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
-}
-
-// Digest is the hex SHA-256 of b, as in Pisync-Sha256.
-func Digest(b []byte) string {
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }
 
 // Mirrored is a file as the daemon mirrors it.
@@ -87,7 +65,7 @@ func MirrorFile(t testing.TB, lines [][]byte, gen int, blobThreshold int) Mirror
 		Source: session.DirName(hdr.Cwd) + "/" + session.FileName(hdr.Timestamp, hdr.ID)}
 	for i, l := range lines {
 		ord := int64(i)
-		ml := mirror.Line{Ordinal: ord, Generation: gen, SHA256: Digest(l), Format: string(hdr.Format), Host: "testhost", Source: m.Source}
+		ml := mirror.Line{Ordinal: ord, Generation: gen, SHA256: session.Digest(l), Format: string(hdr.Format), Host: "testhost", Source: m.Source}
 		switch env, err := session.ScanEntry(l); {
 		case i == 0:
 			ml.Kind, ml.EntryID, ml.EntryType = mirror.KindHeader, mirror.HeaderEntryType, mirror.HeaderEntryType
