@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/internal/verify"
@@ -195,7 +196,7 @@ func standbyCopy(t *testing.T, rng *rand.Rand, f *sessiontest.File, rootA, rootB
 		t.Fatal(err)
 	}
 	c := f.Clone(rand.New(rand.NewPCG(rng.Uint64(), 1)), path)
-	c.Reset(c.Format, completeLines(content))
+	c.Reset(c.Format, session.SplitLines(content))
 	return c
 }
 
