@@ -139,6 +139,30 @@ func TestFollowStandby(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The README's table of the follower's metrics is what it exports.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(pisync_follow_[a-z_]+)").FindAllStringSubmatch(string(readme), -1) {
+		documented[m[1]] = true
+	}
+	exported := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^# TYPE (pisync_follow_[a-z_]+) `).FindAllStringSubmatch(metrics, -1) {
+		exported[m[1]] = true
+		if !documented[m[1]] {
+			t.Errorf("%s is exported but not in the README", m[1])
+		}
+	}
+	for name := range documented {
+		if !exported[name] {
+			t.Errorf("%s is in the README but not exported", name)
+		}
+	}
+	if len(exported) < 8 {
+		t.Errorf("only %d follower metrics exported", len(exported))
+	}
 	if !strings.Contains(c.stdout.String(), "written") {
 		t.Errorf("the follower reported nothing:\n%s", c.stdout.String())
 	}
