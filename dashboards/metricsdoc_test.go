@@ -33,8 +33,6 @@ func readMetricsDoc(t *testing.T) (map[string]docRow, string) {
 	inSection := false
 	for n, line := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(line, "## ") {
-			// The daemon's metrics; the follower's (A warm standby) are checked against
-			// what it exports by cmd/pisync's TestFollowStandby.
 			inSection = line == "## Metrics"
 		}
 		if !inSection || !strings.HasPrefix(line, "| `pisync_") {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Metrics of the publisher. Labels stay low-cardinality: per root, kind and reason, never
@@ -40,129 +41,135 @@ type Metrics struct {
 	inflight     prometheus.Gauge
 	inflightB    prometheus.Gauge
 	lastAckUnix  prometheus.Gauge
-	checkpointLg prometheus.Gauge
 }
 
-// NewMetrics declares the publisher's metrics.
-func NewMetrics() *Metrics {
+// NewMetrics declares the publisher's metrics and registers them on reg; a nil reg leaves
+// them unregistered. The state collector (sessions, bytes, backlog) reports once New binds
+// it to the publisher that uses these metrics.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
 	m := &Metrics{
-		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+		published: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_lines_published_total",
 			Help: "Lines acknowledged by JetStream, by message kind and entry type.",
 		}, []string{"kind", "type"}),
-		publishedB: prometheus.NewCounter(prometheus.CounterOpts{
+		publishedB: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_published_bytes_total",
 			Help: "Bytes of session lines acknowledged by JetStream (newlines included, blob payloads included).",
 		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+		latency: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "pisync_publish_latency_seconds",
 			Help:    "Time from a complete line being read to its acknowledgement by JetStream.",
 			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 		}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+		retries: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_publish_retries_total",
 			Help: "Lines sent again with the same message id after a failure, by reason.",
 		}, []string{"reason"}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+		duplicates: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_publish_duplicates_total",
 			Help: "Publishes the server acknowledged as duplicates of a message id it already held.",
 		}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		failures: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_publish_failures_total",
 			Help: "Failed publish attempts, by reason (timeout, disconnected, no_responders, server, blob, other).",
 		}, []string{"reason"}),
-		heldBack: prometheus.NewCounter(prometheus.CounterOpts{
+		heldBack: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_resume_skipped_lines_total",
 			Help: "Lines not published because the mirror already held them (resume protocol).",
 		}),
-		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+		invalid: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_invalid_lines_total",
 			Help: "Lines that are not JSON entries, mirrored as raw, by reason (blank, malformed).",
 		}, []string{"reason"}),
-		notSession: prometheus.NewCounterVec(prometheus.CounterOpts{
+		notSession: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_skipped_files_total",
 			Help: "Files named *.jsonl skipped because they are no Pi session in any form, by reason (not_json, not_entries, no_id, bad_id).",
 		}, []string{"reason"}),
-		blobs: prometheus.NewCounter(prometheus.CounterOpts{
+		blobs: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_blobs_total",
 			Help: "Lines above the blob threshold stored in the object store.",
 		}),
-		blobBytes: prometheus.NewCounter(prometheus.CounterOpts{
+		blobBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_blob_bytes_total",
 			Help: "Bytes uploaded to the object store.",
 		}),
-		blobsReused: prometheus.NewCounter(prometheus.CounterOpts{
+		blobsReused: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_blobs_reused_total",
 			Help: "Blob lines whose object was already in the store (not uploaded again).",
 		}),
-		rewrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+		rewrites: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_rewrites_total",
 			Help: "Session files found rewritten, truncated, replaced or moved, by kind.",
 		}, []string{"kind"}),
-		shrinks: prometheus.NewCounter(prometheus.CounterOpts{
+		shrinks: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_generations_shrunk_total",
 			Help: "New generations found lacking entries of the generation before them (a session overwritten by a fresh header, cut back, or rewritten without some lines).",
 		}),
-		shrunk: prometheus.NewGauge(prometheus.GaugeOpts{
+		shrunk: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_sessions_shrunk",
 			Help: "Local sessions whose newest generation lacks entries of the generation before it: 'pisync history' lists them, 'pisync recover --generation N' restores the older one.",
 		}),
-		generations: prometheus.NewCounter(prometheus.CounterOpts{
+		generations: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_generation_bumps_total",
 			Help: "New generations started because mirrored lines changed or vanished locally.",
 		}),
-		clashes: prometheus.NewCounter(prometheus.CounterOpts{
+		clashes: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_conversation_clashes_total",
 			Help: "Local files found carrying a conversation id that another local file already carries.",
 		}),
-		divergences: prometheus.NewCounter(prometheus.CounterOpts{
+		divergences: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_conversation_divergences_total",
 			Help: "Local copies of a conversation that another host continued past their shared lines, mirrored whole under a key of their own.",
 		}),
-		repeatedIDs: prometheus.NewCounter(prometheus.CounterOpts{
+		repeatedIDs: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_repeated_entry_ids_total",
 			Help: "Lines whose entry id an earlier line of the same generation already carries, mirrored under their ordinal so that the server keeps them.",
 		}),
-		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+		quarantined: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_lines_quarantined_total",
 			Help: "Lines the server refused for good (also the blob way), passed over unmirrored and listed on the status page, by reason.",
 		}, []string{"reason"}),
-		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		throttled: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_publish_throttled_total",
 			Help: "Publishes the cluster refused for lack of room (stream or account limits, insufficient resources) or acknowledged later than the ack timeout, by reason: resent with the same message id, never quarantined.",
 		}, []string{"reason"}),
-		backpressure: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		backpressure: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pisync_cluster_backpressure",
 			Help: "1 while the cluster holds this host's publishing back, for the reason it gives (max_bytes, max_msgs, account_limit, insufficient_resources, slow_acks); 0 otherwise.",
 		}, []string{"reason"}),
-		probePause: prometheus.NewGauge(prometheus.GaugeOpts{
+		probePause: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_backpressure_pause_seconds",
 			Help: "Pause between probes of the cluster while it has no room, growing while they are refused (0 when publishing flows, or the acknowledgements are only slow).",
 		}),
-		headUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+		headUpdates: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_head_updates_total",
 			Help: "Writes to the heads bucket, by result (ok, error).",
 		}, []string{"result"}),
-		resumeQuery: prometheus.NewCounterVec(prometheus.CounterOpts{
+		resumeQuery: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_resume_queries_total",
 			Help: "Questions to the mirror about what it already holds, by how they were answered (checkpoint: not asked, the checkpoint proves the file mirrored; stream: one listing for all files at start; last_seq, scan, error).",
 		}, []string{"result"}),
-		tooLarge: prometheus.NewCounter(prometheus.CounterOpts{
+		tooLarge: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_lines_too_large_total",
 			Help: "Lines over the maximum line size, skipped and left for recovery to fill.",
 		}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+		inflight: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_inflight_messages",
 			Help: "Messages published and not yet acknowledged.",
 		}),
-		inflightB: prometheus.NewGauge(prometheus.GaugeOpts{
+		inflightB: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_inflight_bytes",
 			Help: "Bytes of messages published and not yet acknowledged.",
 		}),
-		lastAckUnix: prometheus.NewGauge(prometheus.GaugeOpts{
+		lastAckUnix: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_last_ack_timestamp_seconds",
 			Help: "Unix time of the last acknowledgement received from JetStream.",
 		}),
+		state: &stateCollector{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.state)
 	}
 	// Exported at 0 from the start, so that an alert can tell "none" from "no data".
 	for _, reason := range []string{"max_payload", "too_large", "headers_too_large", "invalid", "blob"} {
@@ -172,25 +179,6 @@ func NewMetrics() *Metrics {
 		m.throttled.WithLabelValues(reason)
 		if hostWide(reason) {
 			m.backpressure.WithLabelValues(reason)
-		}
-	}
-	return m
-}
-
-// Register registers the metrics on r. The state collector (sessions, bytes, backlog) is
-// bound to the publisher that uses these metrics.
-func (m *Metrics) Register(r prometheus.Registerer) error {
-	cs := []prometheus.Collector{m.published, m.publishedB, m.latency, m.retries, m.duplicates,
-		m.failures, m.heldBack, m.invalid, m.notSession, m.blobs, m.blobBytes, m.blobsReused,
-		m.rewrites, m.generations, m.shrinks, m.shrunk, m.clashes, m.divergences, m.repeatedIDs, m.quarantined, m.throttled, m.backpressure, m.probePause, m.headUpdates, m.resumeQuery, m.tooLarge,
-		m.inflight, m.inflightB, m.lastAckUnix}
-	if m.state == nil {
-		m.state = &stateCollector{}
-	}
-	cs = append(cs, m.state)
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			return err
 		}
 	}
 	for _, reason := range []string{"timeout", "disconnected", "no_responders", "server", "blob", "other"} {
@@ -205,7 +193,7 @@ func (m *Metrics) Register(r prometheus.Registerer) error {
 	m.retries.WithLabelValues("failure")
 	m.headUpdates.WithLabelValues("ok")
 	m.headUpdates.WithLabelValues("error")
-	return nil
+	return m
 }
 
 var (

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pisync/pisync/internal/testutil/natstest"
 )
@@ -20,11 +21,8 @@ func TestMetricsGatheredWhileBinding(t *testing.T) {
 	srv := natstest.Run(t)
 	opts := testOptions(t, ctx, srv.URL())
 	opts.Checkpoints = openStore(t, t.TempDir())
-	m := NewMetrics()
 	reg := prometheus.NewRegistry()
-	if err := m.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	m := NewMetrics(reg)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -52,4 +50,25 @@ func TestMetricsGatheredWhileBinding(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// counted is the sum of the counters c collects, whichever their labels: its series exist
+// at zero from the start.
+func counted(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric)
+	go func() {
+		c.Collect(ch)
+		close(ch)
+	}()
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Error(err)
+			continue
+		}
+		sum += d.GetCounter().GetValue()
+	}
+	return sum
 }

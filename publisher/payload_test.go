@@ -64,8 +64,8 @@ func TestSmallServerPayloadBackfillFlows(t *testing.T) {
 	if n := testutil.ToFloat64(p.m.blobs); n < sessions {
 		t.Errorf("%v blobs stored, want at least %d", n, sessions)
 	}
-	if n := testutil.CollectAndCount(p.m.failures); n != 0 {
-		t.Errorf("publish failures counted under %d reasons, want none", n)
+	if n := counted(t, p.m.failures); n != 0 {
+		t.Errorf("%v publish failures counted, want none", n)
 	}
 }
 

@@ -144,7 +144,7 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.Metrics == nil {
-		opts.Metrics = NewMetrics()
+		opts.Metrics = NewMetrics(nil)
 	}
 	setDefault(&opts.WindowMessages, 1024)
 	setDefault(&opts.WindowBytes, 32<<20)
@@ -202,9 +202,6 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 		gate:      newGate(opts.Metrics, opts.Logger, opts.RetryMax),
 		storeGens: map[string]int{},
 		shrinks:   map[string]*shrinkState{},
-	}
-	if p.m.state == nil {
-		p.m.state = &stateCollector{}
 	}
 	p.m.state.p.Store(p)
 	return p, nil

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pisync/pisync/mirror"
@@ -35,10 +34,7 @@ func (e *env) publishWithoutHead(owner, id, entryID, parent string, ordinal int6
 // behind by a replica killed between its acknowledgement and its head update; the head is
 // then repaired, and counted as one repair.
 func TestListAfterReplicaDiedBeforeHead(t *testing.T) {
-	m := store.NewMetrics()
-	if err := m.Register(prometheus.NewRegistry()); err != nil {
-		t.Fatal(err)
-	}
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 1, store.Options{Metrics: m, HeadRepairGrace: time.Nanosecond})
 	e.create("alice", "conv1")
 	e.mustAppend("alice", "conv1", "", entryLine("a1b2c3d4", "", "x"))
@@ -62,10 +58,7 @@ func TestListAfterReplicaDiedBeforeHead(t *testing.T) {
 // heads written after its replies) repair nothing: pisync_store_head_repairs_total counts
 // heads left behind by a replica that stopped, and no replica stopped here.
 func TestNoRepairWithoutCrash(t *testing.T) {
-	m := store.NewMetrics()
-	if err := m.Register(prometheus.NewRegistry()); err != nil {
-		t.Fatal(err)
-	}
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 2, store.Options{Metrics: m})
 	e.create("alice", "conv1")
 	var wg sync.WaitGroup

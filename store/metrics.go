@@ -2,6 +2,7 @@ package store
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Metrics of the session store. Labels are the operation, the reply code and the conflict
@@ -20,47 +21,49 @@ type Metrics struct {
 	partBytes    prometheus.Gauge
 }
 
-// NewMetrics declares the store's metrics.
-func NewMetrics() *Metrics {
+// NewMetrics declares the store's metrics and registers them on reg; a nil reg leaves
+// them unregistered.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
 	return (&Metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_requests_total",
 			Help: "Requests answered by the session store, by operation and reply code (ok, not_found, conflict, invalid, too_large, unavailable).",
 		}, []string{"op", "code"}),
-		appendLat: prometheus.NewHistogram(prometheus.HistogramOpts{
+		appendLat: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "pisync_store_append_seconds",
 			Help:    "Time from receiving an append to replying, successful appends only.",
 			Buckets: []float64{0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5},
 		}),
-		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+		conflicts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_conflicts_total",
 			Help: "Conflict replies, by reason: head (the expected head was not the head), entry_exists (an entry id with other bytes), exists (create or fork of an existing id).",
 		}, []string{"reason"}),
-		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+		repairs: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_head_repairs_total",
 			Help: "Heads rewritten from the stream because they were behind it for longer than a head write takes (a replica stopped between its acknowledgement and its head update).",
 		}),
-		blobs: prometheus.NewCounter(prometheus.CounterOpts{
+		blobs: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_blobs_total",
 			Help: "Entries above the blob threshold stored in the object store by the session store.",
 		}),
-		unsent: prometheus.NewCounterVec(prometheus.CounterOpts{
+		unsent: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_replies_unsent_total",
 			Help: "Replies the connection refused to send (closed, or another failure), by operation: the client got no answer.",
 		}, []string{"op"}),
-		quota: prometheus.NewCounterVec(prometheus.CounterOpts{
+		quota: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_store_quota_refusals_total",
 			Help: "Requests refused (too_large) because an owner reached a quota, by quota: header (bytes of a header line), conversations, parts (bytes of uploaded parts waiting).",
 		}, []string{"quota"}),
-		partsExpired: prometheus.NewCounter(prometheus.CounterOpts{
+		partsExpired: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_store_parts_expired_total",
 			Help: "Uploaded parts of large entries deleted because no append used them within the part TTL.",
 		}),
-		partBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+		partBytes: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_store_part_bytes",
 			Help: "Bytes of uploaded parts this replica stored that wait for their append.",
 		}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+		inflight: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_store_requests_in_flight",
 			Help: "Requests the session store is working on.",
 		}),
@@ -77,15 +80,4 @@ func (m *Metrics) init() *Metrics {
 		m.unsent.WithLabelValues(op)
 	}
 	return m
-}
-
-// Register adds the metrics to r.
-func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.appendLat, m.conflicts, m.repairs, m.blobs, m.inflight, m.unsent,
-		m.quota, m.partsExpired, m.partBytes} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }

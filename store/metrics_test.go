@@ -12,11 +12,8 @@ import (
 // counters already, so a dashboard or a test reading /metrics right after a request
 // never sees it missing.
 func TestRequestCountedBeforeReply(t *testing.T) {
-	m := store.NewMetrics()
 	reg := prometheus.NewRegistry()
-	if err := m.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	m := store.NewMetrics(reg)
 	count := func(op, code string) float64 {
 		t.Helper()
 		mfs, err := reg.Gather()

@@ -11,20 +11,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pisync/pisync/store"
 )
-
-func registered(t *testing.T) *store.Metrics {
-	t.Helper()
-	m := store.NewMetrics()
-	if err := m.Register(prometheus.NewRegistry()); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
 
 // part uploads one part of an entry of size bytes with digest sha.
 func (e *env) part(owner, id, sha string, size, offset int, data []byte) reply {
@@ -36,7 +26,7 @@ func (e *env) part(owner, id, sha string, size, offset int, data []byte) reply {
 // TestQuotaConversations: an owner at its quota of conversations can neither create nor
 // fork one more; another owner can.
 func TestQuotaConversations(t *testing.T) {
-	m := registered(t)
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 1, store.Options{MaxConversations: 3, Metrics: m})
 	for i := 0; i < 3; i++ {
 		e.create("alice", fmt.Sprintf("conv%d", i))
@@ -56,7 +46,7 @@ func TestQuotaConversations(t *testing.T) {
 // TestQuotaParts: the bytes an owner has waiting in uploaded parts are bounded; a part
 // sent again counts once.
 func TestQuotaParts(t *testing.T) {
-	m := registered(t)
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 1, store.Options{MaxPartBytes: 700 << 10, Metrics: m})
 	e.create("alice", "conv1")
 	big := []byte(strings.Repeat("p", 2*store.PartSize))
@@ -78,7 +68,7 @@ func TestQuotaParts(t *testing.T) {
 
 // TestPartsExpire: a part no append uses is deleted once older than the part TTL.
 func TestPartsExpire(t *testing.T) {
-	m := registered(t)
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 1, store.Options{PartTTL: 100 * time.Millisecond, PartSweep: 20 * time.Millisecond, Metrics: m})
 	e.create("alice", "conv1")
 	data := []byte(strings.Repeat("q", 1000))

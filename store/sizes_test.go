@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pisync/pisync/internal/session"
@@ -122,10 +121,7 @@ func TestCreateHeaderTooLarge(t *testing.T) {
 // a larger max_payload than the server's) is answered unavailable and counted so, not
 // counted ok and lost.
 func TestReplyAboveMaxPayloadIsAnError(t *testing.T) {
-	m := store.NewMetrics()
-	if err := m.Register(prometheus.NewRegistry()); err != nil {
-		t.Fatal(err)
-	}
+	m := store.NewMetrics(nil)
 	e := newEnv(t, 1, store.Options{MaxPayload: 8 << 20, Metrics: m})
 	e.create("alice", "conv1")
 	head := ""

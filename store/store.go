@@ -112,7 +112,7 @@ func New(ctx context.Context, js jetstream.JetStream, names mirror.Names, opts O
 		opts.Logger = zap.NewNop()
 	}
 	if opts.Metrics == nil {
-		opts.Metrics = NewMetrics()
+		opts.Metrics = NewMetrics(nil)
 	}
 	bound, err := mirror.Bind(ctx, js, names)
 	if err != nil {

@@ -287,7 +287,7 @@ func (o *Options) normalize() error {
 		o.Logger = zap.NewNop()
 	}
 	if o.Metrics == nil {
-		o.Metrics = NewMetrics()
+		o.Metrics = NewMetrics(nil)
 	}
 	if o.Workers < 0 || o.MaxInlineBytes < 0 || o.ReadBuffer < 0 || o.MoveGrace < 0 ||
 		o.RootPollInterval < 0 || o.FallbackPollInterval < 0 {

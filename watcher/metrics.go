@@ -1,13 +1,12 @@
 package watcher
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Metrics are the watcher's Prometheus collectors (names pisync_watcher_*). They are
-// declared here and registered by the caller on its own registry.
+// declared here and registered on the registry the caller hands to NewMetrics.
 type Metrics struct {
 	events       *prometheus.CounterVec
 	overflows    prometheus.Counter
@@ -45,66 +44,68 @@ const (
 	reasonReadDir    = "readdir"     // listing a directory failed
 )
 
-// NewMetrics creates the collectors, unregistered.
-func NewMetrics() *Metrics {
+// NewMetrics creates the collectors and registers them on reg; a nil reg leaves them
+// unregistered.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
 	m := &Metrics{
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+		events: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_watcher_events_total",
 			Help: "File-system events received, by operation (create, write, remove, rename, chmod).",
 		}, []string{"op"}),
-		overflows: prometheus.NewCounter(prometheus.CounterOpts{
+		overflows: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_watcher_overflows_total",
 			Help: "Event queue overflows reported by the kernel; each one triggers a full rescan.",
 		}),
-		rescans: prometheus.NewCounterVec(prometheus.CounterOpts{
+		rescans: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_watcher_rescans_total",
 			Help: "Full stat-based rescans of a root, by reason (initial, overflow, periodic, poll, root_appeared).",
 		}, []string{"reason"}),
-		dirs: prometheus.NewGauge(prometheus.GaugeOpts{
+		dirs: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_watched_directories",
 			Help: "Directories currently watched for changes.",
 		}),
-		files: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		files: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pisync_watcher_files",
 			Help: "Session files known to the watcher, by state (pending, tailing, skipped).",
 		}, []string{"state"}),
-		readBytes: prometheus.NewCounter(prometheus.CounterOpts{
+		readBytes: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_watcher_read_bytes_total",
 			Help: "Bytes read from session files.",
 		}),
-		lines: prometheus.NewCounter(prometheus.CounterOpts{
+		lines: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_watcher_lines_total",
 			Help: "Complete lines handed to the sink and accepted by it.",
 		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+		errors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_watcher_errors_total",
 			Help: "Errors while watching, scanning or reading, by reason.",
 		}, []string{"reason"}),
-		torn: prometheus.NewGauge(prometheus.GaugeOpts{
+		torn: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_torn_tails",
 			Help: "Files whose last line is incomplete (no newline yet) and held back.",
 		}),
-		pollingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
+		pollingRoots: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_polling_roots",
 			Help: "Roots rescanned every poll interval because some of their directories have no watch (over the watch budget, or refused by the kernel).",
 		}),
-		watches: prometheus.NewGauge(prometheus.GaugeOpts{
+		watches: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_watches",
 			Help: "Watch resources held: with kqueue (macOS, BSD) one descriptor per watched directory and per entry in it, with inotify (Linux) one watch per directory.",
 		}),
-		watchBudget: prometheus.NewGauge(prometheus.GaugeOpts{
+		watchBudget: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_watch_budget",
 			Help: "The most watch resources the watcher holds (from RLIMIT_NOFILE with kqueue, fs.inotify.max_user_watches on Linux, lowered when the kernel refuses one); 0 = no budget.",
 		}),
-		polledDirs: prometheus.NewGauge(prometheus.GaugeOpts{
+		polledDirs: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_polled_directories",
 			Help: "Directories without a watch (over the watch budget, or refused by the kernel), whose changes are found by polling rescans.",
 		}),
-		polledFiles: prometheus.NewGauge(prometheus.GaugeOpts{
+		polledFiles: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_polled_files",
 			Help: "Session files in polled directories: their new lines are found by the next poll (FallbackPollInterval) rather than by an event.",
 		}),
-		waitingRoots: prometheus.NewGauge(prometheus.GaugeOpts{
+		waitingRoots: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_watcher_waiting_roots",
 			Help: "Configured roots that do not exist and are polled for.",
 		}),
@@ -124,15 +125,4 @@ func NewMetrics() *Metrics {
 		m.errors.WithLabelValues(r)
 	}
 	return m
-}
-
-// Register registers every collector on r.
-func (m *Metrics) Register(r prometheus.Registerer) error {
-	var errs []error
-	for _, c := range []prometheus.Collector{m.events, m.overflows, m.rescans, m.dirs, m.files,
-		m.readBytes, m.lines, m.errors, m.torn, m.pollingRoots, m.waitingRoots,
-		m.watches, m.watchBudget, m.polledDirs, m.polledFiles} {
-		errs = append(errs, r.Register(c))
-	}
-	return errors.Join(errs...)
 }

@@ -219,10 +219,7 @@ func TestPeriodicRescanReadsNothingUnchanged(t *testing.T) {
 
 func TestMetricsRegister(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := NewMetrics()
-	if err := m.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	m := NewMetrics(reg)
 	root := t.TempDir()
 	p := filepath.Join(root, "s.jsonl")
 	writeFile(t, p, joinLines(session("metrics-x", 2)...)+"torn")
@@ -266,9 +263,6 @@ func TestMetricsRegister(t *testing.T) {
 	names := slices.Sorted(maps.Keys(values))
 	if len(names) < 20 {
 		t.Errorf("only %d series: %v", len(names), names)
-	}
-	if err := m.Register(prometheus.NewRegistry()); err != nil {
-		t.Errorf("register on a second registry: %v", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -37,11 +38,11 @@ func newRegistry() *prometheus.Registry {
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name:        "pisync_build_info",
-			Help:        "Always 1; the labels say which build of pisync is running.",
-			ConstLabels: prometheus.Labels{"version": currentVersion().Version},
-		}, func() float64 { return 1 }),
 	)
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "pisync_build_info",
+		Help:        "Always 1; the labels say which build of pisync is running.",
+		ConstLabels: prometheus.Labels{"version": currentVersion().Version},
+	}, func() float64 { return 1 })
 	return reg
 }

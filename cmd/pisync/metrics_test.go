@@ -2,21 +2,25 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
+	"github.com/pisync/pisync/recovery"
 )
 
 // exportedMetricsFile is the golden list of the metric families the daemon exports. The
@@ -37,10 +41,14 @@ func updating() bool {
 	return f != nil && f.Value.String() == "true"
 }
 
-// TestExportedMetrics runs the daemon on a small workload that makes every metric appear
-// (lines, a blob, a blank and a malformed line, a torn tail, a file that is not a
-// session), gathers its registry and compares the pisync_* families, with their type and
-// label names, with the golden file. Run with -update to rewrite it.
+// TestExportedMetrics is the golden /metrics test. It runs `pisync run` and `pisync serve`
+// in this process on a small workload that makes every metric appear (lines, a blob, a
+// blank and a malformed line, a torn tail, a file that is not a session; a create, an
+// append, a conflict and an open), then for each command lints its /metrics and compares
+// its pisync_* families (name, type, help, label names; not values) with
+// testdata/metrics/<command>.txt. It also writes the union of the names, types and labels
+// to the file the dashboard, alert-rule and README tests check their queries against. Run
+// with -update to rewrite the golden files.
 func TestExportedMetrics(t *testing.T) {
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -74,82 +82,142 @@ func TestExportedMetrics(t *testing.T) {
 		}
 		return false, "no torn bytes yet"
 	})
-
-	mfs, err := d.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// pisync serve exports the store's families beside the connection's: one file lists
-	// both commands', as dashboards and alerts query them from one Prometheus.
 	s := startServe(t, srv.URL())
 	serveWorkload(t, s)
-	for _, mf := range s.metricFamilies(t) {
-		mfs = append(mfs, mf)
+	// The registry of `pisync serve` stays inside ServeCommand: what it serves on
+	// /metrics, parsed.
+	served := slices.Collect(maps.Values(s.metricFamilies(t)))
+
+	// `pisync recover --follow` builds its registry the same way, around its follower.
+	followReg := newRegistry()
+	newFollowMetrics(followReg, func() recovery.FollowStatus { return recovery.FollowStatus{} })
+
+	commands := []struct {
+		name    string
+		metrics prometheus.Gatherer
+	}{
+		{"run", d.reg},
+		{"serve", prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return served, nil })},
+		{"follow", followReg},
 	}
-	labelsOf := map[string]map[string]bool{}
-	typeOf := map[string]dto.MetricType{}
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "pisync_") {
-			continue // go_* and process_*: the client library's, not ours
-		}
-		if labelsOf[mf.GetName()] == nil {
-			labelsOf[mf.GetName()] = map[string]bool{}
-		}
-		typeOf[mf.GetName()] = mf.GetType()
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				labelsOf[mf.GetName()][lp.GetName()] = true
+	// Dashboards and alerts query both commands' families from one Prometheus: one list.
+	all := map[string]family{}
+	for _, c := range commands {
+		t.Run(c.name, func(t *testing.T) {
+			problems, err := testutil.GatherAndLint(c.metrics)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			for _, p := range problems {
+				t.Errorf("lint: %s: %s", p.Metric, p.Text)
+			}
+			fams := families(t, c.metrics)
+			maps.Copy(all, fams)
+			checkGolden(t, filepath.Join("testdata", "metrics", c.name+".txt"), goldenFamilies(c.name, fams))
+		})
 	}
-	var lines []string
-	exported := map[string]bool{}
-	for name, labels := range labelsOf {
-		exported[name] = true
-		names := make([]string, 0, len(labels))
-		for l := range labels {
-			names = append(names, l)
-		}
-		sort.Strings(names)
-		line := name + " " + strings.ToLower(dto.MetricType_name[int32(typeOf[name])])
-		if len(names) > 0 {
-			line += " " + strings.Join(names, ",")
-		}
-		lines = append(lines, line)
-	}
-	sort.Strings(lines)
 
 	// Every metric declared in the sources must have shown up: a family that is missing
 	// here would let a dashboard query for it pass unnoticed… or fail for no reason.
 	var missing []string
 	for _, name := range declaredMetrics(t) {
-		if !exported[name] {
+		if _, ok := all[name]; !ok {
 			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
 		t.Errorf("declared in the sources but not exported after the workload (not registered on the daemon's registry, or a labelled metric the workload never touches: extend the workload): %v", missing)
 	}
+	checkGolden(t, exportedMetricsFile, exportedFamilies(all))
+}
 
-	got := "# Metric families the daemon exports: name, type, label names.\n" +
-		"# Generated by `go test ./cmd/pisync -run TestExportedMetrics -update`; do not edit.\n" +
-		strings.Join(lines, "\n") + "\n"
+// family is what the golden files keep of a metric family: not its values.
+type family struct {
+	typ    string
+	help   string
+	labels []string // sorted
+}
+
+// families are the pisync_* families of g, by name.
+func families(t *testing.T, g prometheus.Gatherer) map[string]family {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]family{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "pisync_") {
+			continue // go_* and process_*: the client library's, and they vary with Go and the OS
+		}
+		var labels []string
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				labels = append(labels, lp.GetName())
+			}
+		}
+		slices.Sort(labels)
+		out[mf.GetName()] = family{
+			typ:    strings.ToLower(mf.GetType().String()),
+			help:   mf.GetHelp(),
+			labels: slices.Compact(labels),
+		}
+	}
+	return out
+}
+
+// goldenFamilies is the golden file of a command: its families in the shape of the
+// exposition format, label names in place of series.
+func goldenFamilies(command string, fams map[string]family) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Metric families `pisync %s` exports on /metrics: help, type, label names.\n", command)
+	b.WriteString("# Generated by `go test ./cmd/pisync -run TestExportedMetrics -update`; do not edit.\n")
+	for _, name := range slices.Sorted(maps.Keys(fams)) {
+		f := fams[name]
+		fmt.Fprintf(&b, "\n# HELP %s %s\n# TYPE %s %s\n%s", name, f.help, name, f.typ, name)
+		if len(f.labels) > 0 {
+			fmt.Fprintf(&b, "{%s}", strings.Join(f.labels, ","))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// exportedFamilies is exportedMetricsFile: one line per family, name, type, label names.
+func exportedFamilies(fams map[string]family) string {
+	var b strings.Builder
+	b.WriteString("# Metric families the daemon exports: name, type, label names.\n")
+	b.WriteString("# Generated by `go test ./cmd/pisync -run TestExportedMetrics -update`; do not edit.\n")
+	for _, name := range slices.Sorted(maps.Keys(fams)) {
+		f := fams[name]
+		line := name + " " + f.typ
+		if len(f.labels) > 0 {
+			line += " " + strings.Join(f.labels, ",")
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
+}
+
+// checkGolden compares got with the golden file at path, or rewrites it under -update.
+func checkGolden(t *testing.T, path, got string) {
+	t.Helper()
 	if updating() {
-		if err := os.MkdirAll(filepath.Dir(exportedMetricsFile), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(exportedMetricsFile, []byte(got), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	want, err := os.ReadFile(exportedMetricsFile)
+	want, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("%v; create it with: go test ./cmd/pisync -run TestExportedMetrics -update", err)
 	}
 	if string(want) != got {
 		t.Errorf("%s is stale; rewrite it with: go test ./cmd/pisync -run TestExportedMetrics -update\n%s",
-			exportedMetricsFile, lineDiff(string(want), got))
+			path, lineDiff(string(want), got))
 	}
 }
 

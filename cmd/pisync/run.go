@@ -193,24 +193,16 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 	}); err != nil {
 		return nil, err
 	}
-	cm := checkpoint.NewMetrics()
-	if err := cm.Register(d.reg); err != nil {
-		return nil, err
-	}
 	var rebuilt bool
-	if d.store, rebuilt, err = checkpoint.Open(filepath.Join(f.conn.stateDir, "checkpoints"), cm); err != nil {
+	if d.store, rebuilt, err = checkpoint.Open(filepath.Join(f.conn.stateDir, "checkpoints"), checkpoint.NewMetrics(d.reg)); err != nil {
 		return nil, err
 	}
 	if rebuilt {
 		log.Warn("checkpoint store was unreadable and has been replaced; positions are rebuilt from the mirror")
 	}
-	pm := publisher.NewMetrics()
-	if err := pm.Register(d.reg); err != nil {
-		return nil, err
-	}
 	d.pub, err = publisher.New(ctx, publisher.Options{
 		JS: js, Names: names, Owner: owner, Host: f.host, Checkpoints: d.store,
-		Logger: log.Named("publisher"), Metrics: pm,
+		Logger: log.Named("publisher"), Metrics: publisher.NewMetrics(d.reg),
 		WindowMessages: f.window, WindowBytes: f.windowBytes, AckTimeout: f.ackTimeout,
 		BlobThreshold: f.blobThreshold, MaxLineBytes: f.maxLineBytes,
 		// Set before the watcher exists: the publisher calls it only once lines flow.
@@ -221,12 +213,8 @@ func startDaemon(ctx context.Context, f *runFlags, log *zap.Logger) (d *daemon, 
 		return nil, err
 	}
 	d.pub.Start()
-	wm := watcher.NewMetrics()
-	if err := wm.Register(d.reg); err != nil {
-		return nil, err
-	}
 	d.watch, err = watcher.New(watcher.Options{
-		Roots: f.roots.get(), Sink: d.pub, Logger: log.Named("watcher"), Metrics: wm,
+		Roots: f.roots.get(), Sink: d.pub, Logger: log.Named("watcher"), Metrics: watcher.NewMetrics(d.reg),
 		MaxInlineBytes: f.blobThreshold, RescanInterval: f.rescanInterval,
 	})
 	if err != nil {
@@ -286,10 +274,7 @@ func absRoots(roots []string) []string {
 
 // startVerifier runs background verification of the mirrored files.
 func (d *daemon) startVerifier(js jetstream.JetStream, names mirror.Names, owner mirror.Owner) error {
-	vm := verify.NewVerifyMetrics()
-	if err := vm.Register(d.reg); err != nil {
-		return err
-	}
+	vm := verify.NewVerifyMetrics(d.reg)
 	roots := absRoots(d.f.roots.get())
 	vm.Init(roots)
 	ctx, cancel := context.WithCancel(context.Background())

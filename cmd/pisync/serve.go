@@ -77,10 +77,7 @@ func ServeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("%w: --prefix: %v", errUsage, err)
 	}
 	reg := newRegistry()
-	sm := store.NewMetrics()
-	if err := sm.Register(reg); err != nil {
-		return err
-	}
+	sm := store.NewMetrics(reg)
 	nm := natsconn.NewMetrics(reg)
 	jsWait := natsconn.NewJetStreamWait(log, nm)
 	var ready atomic.Bool

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -114,7 +115,7 @@ type Store struct {
 // and the caller falls back on the mirror.
 func Open(dir string, m *Metrics) (s *Store, rebuilt bool, err error) {
 	if m == nil {
-		m = NewMetrics()
+		m = NewMetrics(nil)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("create state directory %s: %w", dir, err)
@@ -328,37 +329,30 @@ type Metrics struct {
 	duration prometheus.Histogram
 }
 
-// NewMetrics declares the store's metrics.
-func NewMetrics() *Metrics {
-	return &Metrics{
-		commits: prometheus.NewCounter(prometheus.CounterOpts{
+// NewMetrics declares the store's metrics and registers them on reg; a nil reg leaves
+// them unregistered.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
+	m := &Metrics{
+		commits: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_checkpoint_commits_total",
 			Help: "Checkpoint transactions committed to the local store.",
 		}),
-		records: prometheus.NewCounter(prometheus.CounterOpts{
+		records: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_checkpoint_records_written_total",
 			Help: "File checkpoint records written by those transactions.",
 		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+		errors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "pisync_checkpoint_errors_total",
 			Help: "Checkpoint store failures by reason (commit, corrupt).",
 		}, []string{"reason"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		duration: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "pisync_checkpoint_commit_duration_seconds",
 			Help:    "Time to commit one checkpoint transaction, fsync included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-}
-
-// Register registers the metrics on r.
-func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.commits, m.records, m.errors, m.duration} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
 	m.errors.WithLabelValues("commit")
 	m.errors.WithLabelValues("corrupt")
-	return nil
+	return m
 }

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -88,11 +87,7 @@ func TestCorruptStoreIsReplaced(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "checkpoints.db"), []byte("this is not bbolt"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics()
-	reg := prometheus.NewRegistry()
-	if err := m.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	m := NewMetrics(nil)
 	s, rebuilt, err := Open(dir, m)
 	if err != nil || !rebuilt {
 		t.Fatalf("open corrupt store: %v rebuilt=%v", err, rebuilt)

@@ -1,6 +1,9 @@
 package natsconn
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
 
 // Metrics describe the state of a connection. A nil *Metrics counts nothing.
 type Metrics struct {
@@ -11,32 +14,32 @@ type Metrics struct {
 	jsNotReady prometheus.Counter
 }
 
-// NewMetrics declares the connection metrics and registers them on reg.
+// NewMetrics declares the connection metrics and registers them on reg; a nil reg leaves
+// them unregistered.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+	f := promauto.With(reg)
+	return &Metrics{
+		connected: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_nats_connected",
 			Help: "1 when the connection to NATS is up, 0 otherwise.",
 		}),
-		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+		reconnects: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_nats_reconnects_total",
 			Help: "Reconnections to NATS after a disconnection.",
 		}),
-		disconnect: prometheus.NewCounter(prometheus.CounterOpts{
+		disconnect: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_nats_disconnects_total",
 			Help: "Disconnections from NATS.",
 		}),
-		jsReady: prometheus.NewGauge(prometheus.GaugeOpts{
+		jsReady: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_jetstream_ready",
 			Help: "1 once JetStream has answered the start-up requests, 0 while they wait for it (a cluster without a leader, a server restarting).",
 		}),
-		jsNotReady: prometheus.NewCounter(prometheus.CounterOpts{
+		jsNotReady: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_jetstream_not_ready_total",
 			Help: "Start-up requests that found JetStream not ready yet and were retried with backoff.",
 		}),
 	}
-	reg.MustRegister(m.connected, m.reconnects, m.disconnect, m.jsReady, m.jsNotReady)
-	return m
 }
 
 func (m *Metrics) up() {

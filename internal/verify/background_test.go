@@ -73,11 +73,7 @@ func TestBackgroundRereadsOnlyWhatChanged(t *testing.T) {
 	tm, dir, files, targets := mirroredGolden(t)
 	ctx := mirrortest.Ctx(t)
 	sc := &scanCounter{BackgroundMirror: tm.Reader}
-	metrics := NewVerifyMetrics()
-	reg := prometheus.NewRegistry()
-	if err := metrics.Register(reg); err != nil {
-		t.Fatal(err)
-	}
+	metrics := NewVerifyMetrics(prometheus.NewRegistry())
 	metrics.Init([]string{dir})
 	clock := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	b := &Background{Mirror: sc, List: func() []Target { return targets }, Rate: 1000, Recheck: time.Hour,

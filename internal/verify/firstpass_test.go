@@ -98,10 +98,7 @@ func TestBackgroundFirstPassIsSpread(t *testing.T) {
 	api.mu.Unlock()
 
 	sc := &timedScans{BackgroundMirror: tm.Reader}
-	metrics := NewVerifyMetrics()
-	if err := metrics.Register(prometheus.NewRegistry()); err != nil {
-		t.Fatal(err)
-	}
+	metrics := NewVerifyMetrics(prometheus.NewRegistry())
 	metrics.Init([]string{dir})
 	b := &Background{Mirror: sc, List: func() []Target { return targets }, Interval: interval,
 		Rate: rate, FirstRate: firstRate, Metrics: metrics, StateFile: filepath.Join(t.TempDir(), "verified.json")}
@@ -202,7 +199,7 @@ func TestBackgroundFirstReadBudget(t *testing.T) {
 			for i := range tc.good {
 				add(fmt.Sprintf("good-%d.jsonl", i), golden[0].lines)
 			}
-			metrics := NewVerifyMetrics()
+			metrics := NewVerifyMetrics(nil)
 			metrics.Init([]string{dir})
 			// Two first reads a pass, 10 ms apart; everything else at once.
 			b := &Background{Mirror: tm.Reader, List: func() []Target { return targets }, Interval: 20 * time.Millisecond,

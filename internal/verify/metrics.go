@@ -1,6 +1,9 @@
 package verify
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
 
 // results are the values of pisync_verified_sessions' result label.
 var results = []string{"identical", "drifted", "failed", "unverified"}
@@ -13,18 +16,20 @@ type VerifyMetrics struct {
 	lastPass prometheus.Gauge
 }
 
-// NewVerifyMetrics declares the verification metrics.
-func NewVerifyMetrics() *VerifyMetrics {
+// NewVerifyMetrics declares the verification metrics and registers them on reg; a nil
+// reg leaves them unregistered.
+func NewVerifyMetrics(reg prometheus.Registerer) *VerifyMetrics {
+	f := promauto.With(reg)
 	return &VerifyMetrics{
-		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		sessions: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pisync_verified_sessions",
 			Help: "Sessions of the last verification pass by root and result: identical, drifted or failed when checked line by line against the mirror, unverified when never verified and waiting for their first read.",
 		}, []string{"root", "result"}),
-		passes: prometheus.NewCounter(prometheus.CounterOpts{
+		passes: f.NewCounter(prometheus.CounterOpts{
 			Name: "pisync_verify_passes_total",
 			Help: "Background verification passes completed.",
 		}),
-		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+		lastPass: f.NewGauge(prometheus.GaugeOpts{
 			Name: "pisync_verify_last_pass_timestamp_seconds",
 			Help: "Unix time the last background verification pass completed.",
 		}),
@@ -56,14 +61,4 @@ func (m *VerifyMetrics) set(byRoot map[string]*passCounts) {
 	}
 	m.passes.Inc()
 	m.lastPass.SetToCurrentTime()
-}
-
-// Register registers the metrics on r.
-func (m *VerifyMetrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.sessions, m.passes, m.lastPass} {
-		if err := r.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }
