@@ -330,8 +330,9 @@ type failover struct {
 
 // newFailover mirrors f from host a, stops a, and starts host b on a copy of f; it
 // returns once b's head names it. headerless: f has no header line (Pi #8939), and b's
-// copy one that recovery made, which makes it a new generation (2) on b.
-func newFailover(t *testing.T, seed uint64, headerless bool) *failover {
+// copy one that recovery made, which makes it a new generation (2) on b. unrecorded: a's
+// last line was published but a died before its checkpoint recorded it (b's copy has it).
+func newFailover(t *testing.T, seed uint64, headerless, unrecorded bool) *failover {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	srv := natstest.Run(t)
@@ -346,6 +347,15 @@ func newFailover(t *testing.T, seed uint64, headerless bool) *failover {
 	waitGeneration(t, ctx, x.a.reader, x.f.ID, 1, x.f.Lines)
 	headNaming(t, ctx, x.a.reader, x.f.ID, "host-a", x.shared)
 	x.a.stop()
+	if unrecorded {
+		saved := copyDir(t, x.a.cpDir)
+		x.a.start()
+		mustAppendLines(t, x.f, x.f.Message(150))
+		x.shared = len(x.f.Lines)
+		waitGeneration(t, ctx, x.a.reader, x.f.ID, 1, x.f.Lines)
+		x.a.stop()
+		restoreDir(t, saved, x.a.cpDir)
+	}
 	x.bf = copyTo(t, x.f, x.a.root, x.b.root, seed)
 	gen := 1
 	if headerless {
@@ -370,9 +380,10 @@ func TestFailoverDivergence(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		headerless bool // b's copy is not a's lines: b started generation 2
+		unrecorded bool // a died before its checkpoint recorded its last line
 		run        func(t *testing.T, x *failover)
 	}{
-		{"a, still running, appends after b did", false, func(t *testing.T, x *failover) {
+		{"a, still running, appends after b did", false, false, func(t *testing.T, x *failover) {
 			x.a.start()
 			mustAppendLines(t, x.bf, x.bf.Message(150), x.bf.Message(150))
 			waitGeneration(t, x.ctx, x.b.reader, x.f.ID, 1, x.bf.Lines)
@@ -382,14 +393,21 @@ func TestFailoverDivergence(t *testing.T) {
 			mustAppendLines(t, x.bf, x.bf.Message(150))
 			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
 		}},
-		{"a comes back from its checkpoint with lines written while it was down", false, func(t *testing.T, x *failover) {
+		{"a comes back from its checkpoint with lines written while it was down", false, false, func(t *testing.T, x *failover) {
 			mustAppendLines(t, x.bf, x.bf.Message(150))
 			waitGeneration(t, x.ctx, x.b.reader, x.f.ID, 1, x.bf.Lines)
 			mustAppendLines(t, x.f, x.f.Message(150), x.f.Message(150))
 			x.a.start()
 			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
 		}},
-		{"a comes back with nothing of its own, then appends", false, func(t *testing.T, x *failover) {
+		{"a, killed before its checkpoint recorded a line b's copy has, comes back with lines of its own", false, true, func(t *testing.T, x *failover) {
+			mustAppendLines(t, x.bf, x.bf.Message(150))
+			waitGeneration(t, x.ctx, x.b.reader, x.f.ID, 1, x.bf.Lines)
+			mustAppendLines(t, x.f, x.f.Message(150))
+			x.a.start()
+			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
+		}},
+		{"a comes back with nothing of its own, then appends", false, false, func(t *testing.T, x *failover) {
 			mustAppendLines(t, x.bf, x.bf.Message(150))
 			headNaming(t, x.ctx, x.b.reader, x.f.ID, "host-b", len(x.bf.Lines))
 			before := keysOf(t, x.ctx, x.b.reader)
@@ -406,7 +424,7 @@ func TestFailoverDivergence(t *testing.T) {
 			mustAppendLines(t, x.f, x.f.Message(150))
 			checkDiverged(t, x.ctx, x.a, x.b, x.f, x.bf, x.shared)
 		}},
-		{"a and b append at once", false, func(t *testing.T, x *failover) {
+		{"a and b append at once", false, false, func(t *testing.T, x *failover) {
 			x.a.start()
 			var wg sync.WaitGroup
 			for _, f := range []*sessiontest.File{x.f, x.bf} {
@@ -445,7 +463,7 @@ func TestFailoverDivergence(t *testing.T) {
 				checkDiverged(t, x.ctx, x.b, x.a, x.bf, x.f, x.shared)
 			}
 		}},
-		{"b's copy made a new generation; a comes back with nothing of its own, then appends", true, func(t *testing.T, x *failover) {
+		{"b's copy made a new generation; a comes back with nothing of its own, then appends", true, false, func(t *testing.T, x *failover) {
 			before := keysOf(t, x.ctx, x.b.reader)
 			x.a.start()
 			waitUntil(t, "host a's file seen", func() bool {
@@ -462,7 +480,7 @@ func TestFailoverDivergence(t *testing.T) {
 			checkDivergedAt(t, x.ctx, x.a, x.b, x.f, x.bf, 2,
 				mirror.Divergence{Key: x.f.ID, Generation: 1, Ordinal: int64(x.shared), Host: "host-b"})
 		}},
-		{"b's copy made a new generation; a, still running, appends", true, func(t *testing.T, x *failover) {
+		{"b's copy made a new generation; a, still running, appends", true, false, func(t *testing.T, x *failover) {
 			x.a.start()
 			mustAppendLines(t, x.f, x.f.Message(150))
 			checkDivergedAt(t, x.ctx, x.a, x.b, x.f, x.bf, 2,
@@ -470,7 +488,7 @@ func TestFailoverDivergence(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.run(t, newFailover(t, 41, tc.headerless))
+			tc.run(t, newFailover(t, 41, tc.headerless, tc.unrecorded))
 		})
 	}
 }
