@@ -426,13 +426,18 @@ func placeOf(h mirror.Head, out string, roots []string) (string, bool) {
 }
 
 // newerHead reports whether head a (of key ak) describes the file more recently than
-// head b (of key bk): a file still there beats a deleted one, then the head whose last
-// line was stored later (stream sequences grow with time across conversations), then
-// the later update; the key decides a tie, so that the outcome never depends on order.
+// head b (of key bk): a file still there beats a deleted one, then the conversation's
+// own key beats a copy of it mirrored apart after another host continued it (two hosts
+// with one layout name one path: the host that went on keeps the file, the copy is
+// rebuilt with --out), then the head whose last line was stored later (stream sequences
+// grow with time across conversations), then the later update; the key decides a tie, so
+// that the outcome never depends on order.
 func newerHead(a mirror.Head, ak string, b mirror.Head, bk string) bool {
 	switch {
 	case a.LocalDeleted != b.LocalDeleted:
 		return !a.LocalDeleted
+	case (a.DivergedFrom == nil) != (b.DivergedFrom == nil):
+		return a.DivergedFrom == nil
 	case a.LastSeq != b.LastSeq:
 		return a.LastSeq > b.LastSeq
 	case !a.UpdatedAt.Equal(b.UpdatedAt):

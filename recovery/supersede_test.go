@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pisync/pisync/internal/testutil/mirrortest"
+	"github.com/pisync/pisync/mirror"
 )
 
 // TestRecoverTwoHeadsOneFile: two conversation keys whose heads name one file (one file
@@ -24,6 +25,7 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 		olderKey    string // mirrored first: its head's last line is older
 		newerKey    string
 		newerGone   bool // the newer head says the file was deleted locally
+		newerCopy   bool // the newer head is a copy mirrored apart (diverged_from the older key)
 		olderRoot   bool // the older head names the file in another root (it moved)
 		both        bool // two paths: both written
 		olderNoHead bool // the older key has messages but no head
@@ -38,6 +40,8 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 		{name: "moved across roots, under --root: two paths", olderKey: "~0a1b2c3d", newerKey: "~4e5f6a7b", olderRoot: true, both: true, parallel: 1},
 		{name: "the stale key has no head", olderKey: "~0a1b2c3d", newerKey: "", olderNoHead: true, wantWritten: "new", out: true, parallel: 1},
 		{name: "a deleted file's head loses to a live one", olderKey: "", newerKey: "~0a1b2c3d", newerGone: true, wantWritten: "old", parallel: 2},
+		{name: "a copy mirrored apart loses to the key it diverged from", olderKey: "", newerKey: "~0a1b2c3d", newerCopy: true, wantWritten: "old", parallel: 1},
+		{name: "a copy mirrored apart loses under --out too", olderKey: "", newerKey: "~0a1b2c3d", newerCopy: true, wantWritten: "old", out: true, parallel: 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,9 +50,12 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "sessions")
 			other := filepath.Join(filepath.Dir(root), "other")
 			var seq uint64
-			publish := func(ls [][]byte, suffix string, gone, otherRoot, noHead bool) string {
+			publish := func(ls [][]byte, suffix string, gone, otherRoot, noHead, copied bool) string {
 				m := mirrortest.MirrorFile(t, ls, 1, 0)
 				head := mirrortest.DaemonHead(ls, m, 1)
+				if copied {
+					head.DivergedFrom = &mirror.Divergence{Key: m.Conv, Generation: 1, Ordinal: int64(len(older)), Host: "laptop"}
+				}
 				m.Conv += suffix
 				seq += uint64(len(ls))
 				head.Key, head.Root, head.LastSeq, head.LocalDeleted = m.Conv, root, seq, gone
@@ -62,8 +69,8 @@ func TestRecoverTwoHeadsOneFile(t *testing.T) {
 				}
 				return m.Conv
 			}
-			oldKey := publish(older, tc.olderKey, false, tc.olderRoot, tc.olderNoHead)
-			newKey := publish(newer, tc.newerKey, tc.newerGone, false, false)
+			oldKey := publish(older, tc.olderKey, false, tc.olderRoot, tc.olderNoHead, false)
+			newKey := publish(newer, tc.newerKey, tc.newerGone, false, false, tc.newerCopy)
 			winner, loser, content := newKey, oldKey, newer
 			if tc.wantWritten == "old" {
 				winner, loser, content = oldKey, newKey, older
