@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"flag"
 	"math/rand/v2"
 	"os"
@@ -60,8 +61,9 @@ type followResult struct {
 
 // appendLog records when the follower appended each line, by conversation and ordinal.
 type appendLog struct {
-	mu sync.Mutex
-	at map[string]time.Time
+	mu      sync.Mutex
+	at      map[string]time.Time
+	reports []string
 }
 
 func (a *appendLog) appended(key string, first, last int64, _ time.Time) {
@@ -71,6 +73,13 @@ func (a *appendLog) appended(key string, first, last int64, _ time.Time) {
 	for o := first; o <= last; o++ {
 		a.at[key+"#"+strconv.FormatInt(o, 10)] = now
 	}
+}
+
+// reported keeps the follower's reports, for a failure to show.
+func (a *appendLog) reported(r recovery.Report) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reports = append(a.reports, fmt.Sprintf("%s %s through ordinal %d %s", r.Key, r.Result, r.LastOrdinal, r.Reason))
 }
 
 func (a *appendLog) get(key string) (time.Time, bool) {
@@ -97,6 +106,7 @@ func startFollowing(tb testing.TB, url, out string, log *appendLog) *following {
 	opts := recovery.FollowOptions{Options: recovery.Options{Out: out}, All: true}
 	if log != nil {
 		opts.OnAppend = log.appended
+		opts.OnReport = log.reported
 	}
 	fl := &following{f: recovery.NewFollower(r, opts), done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,14 +120,15 @@ func (fl *following) stop() {
 	<-fl.done
 }
 
-// waitCurrent polls until the follower has every one of n files current and nothing
-// left behind.
-func (fl *following) waitCurrent(tb testing.TB, n int, timeout time.Duration) {
+// waitCurrent polls until the follower has applied the stream through sequence through,
+// with every one of n files current and nothing left behind.
+func (fl *following) waitCurrent(tb testing.TB, n int, through uint64, timeout time.Duration) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		st := fl.f.Status()
-		if st.Started && st.Current == n && st.Waiting == 0 && st.Behind == 0 && len(st.Left) == 0 && st.BehindSince.IsZero() {
+		if st.Started && st.Position >= through && st.Current == n && st.Waiting == 0 && st.Behind == 0 &&
+			len(st.Left) == 0 && st.BehindSince.IsZero() {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -152,7 +163,7 @@ func runFollow(tb testing.TB, cfg followConfig) followResult {
 	p.waitMirrored(tb, initial, time.Minute)
 	log := &appendLog{at: map[string]time.Time{}}
 	fl := startFollowing(tb, t.url, standby, log)
-	fl.waitCurrent(tb, cfg.files, time.Minute)
+	fl.waitCurrent(tb, cfg.files, streamMsgs(tb, nc), time.Minute)
 
 	total := int((cfg.warmup + cfg.duration).Seconds() * float64(cfg.rate))
 	type write struct {
@@ -189,14 +200,16 @@ func runFollow(tb testing.TB, cfg followConfig) followResult {
 		}
 	}
 	p.waitMirrored(tb, written, time.Minute)
-	fl.waitCurrent(tb, cfg.files, time.Minute)
+	fl.waitCurrent(tb, cfg.files, streamMsgs(tb, nc), time.Minute)
 	stopProfile()
 	res.others = load.othersPercent(0)
 	warm := int(cfg.warmup.Seconds() * float64(cfg.rate))
 	for _, w := range writes[warm:] {
 		at, ok := log.get(w.key)
 		if !ok {
-			tb.Fatalf("line %s was never appended by the follower", w.key)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			tb.Fatalf("line %s was never appended by the follower; its reports: %v", w.key, log.reports)
 		}
 		res.lag = append(res.lag, at.Sub(w.at))
 	}
@@ -224,8 +237,9 @@ func runFollow(tb testing.TB, cfg followConfig) followResult {
 	settle()
 	stopProfile = profile(tb, "follow-catch-up")
 	stop := startTimed()
+	through := streamMsgs(tb, nc)
 	fl = startFollowing(tb, t.url, standby, nil)
-	fl.waitCurrent(tb, cfg.files, 10*time.Minute)
+	fl.waitCurrent(tb, cfg.files, through, 10*time.Minute)
 	res.catchUp = stop()
 	stopProfile()
 	fl.stop()

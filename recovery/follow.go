@@ -170,6 +170,9 @@ func (f *Follower) Run(ctx context.Context) error {
 	if err := f.start(ctx); err != nil {
 		return err
 	}
+	f.mu.Lock()
+	f.status.Position = last // the first recovery read the stream at least this far
+	f.mu.Unlock()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
