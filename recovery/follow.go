@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -395,6 +398,9 @@ func (f *Follower) head(c mirror.HeadChange) {
 	st.headSeq = max(st.headSeq, c.Head.LastSeq)
 	wasDeleted := st.deleted
 	st.deleted = c.Head.LocalDeleted
+	if at, ok := placeOf(c.Head, f.opts.Out, f.opts.Roots); ok && st.path != "" && at != st.path && !st.left && !st.deleted {
+		f.move(c.Key, st, at)
+	}
 	switch {
 	case st.deleted:
 		st.leftWhy = "deleted at its source; the file stays"
@@ -404,6 +410,37 @@ func (f *Follower) head(c mirror.HeadChange) {
 	case c.Head.Generation > st.gen && st.path != "":
 		f.markDirty(st)
 	}
+}
+
+// move follows a conversation whose file moved on its host (renamed, or moved to
+// another directory): the follower's own file is renamed to the new place, so that the
+// standby never holds the conversation at two paths. A file changed locally, or a place
+// something else holds, is left to a rebuild, whose rules refuse and report what they
+// must.
+func (f *Follower) move(key string, st *followed, at string) {
+	fi, err := os.Stat(st.path)
+	if err != nil || fi.Size() != st.size {
+		f.markDirty(st)
+		return
+	}
+	if _, err := os.Lstat(at); !errors.Is(err, fs.ErrNotExist) {
+		f.markDirty(st)
+		return
+	}
+	if other := f.rec.claim(at, key); other != "" {
+		f.markDirty(st)
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(at), 0o700); err != nil {
+		f.markDirty(st)
+		return
+	}
+	if err := os.Rename(st.path, at); err != nil {
+		f.markDirty(st)
+		return
+	}
+	f.rec.unclaim(st.path, key)
+	st.path = at
 }
 
 // reconcile rebuilds the conversations due: when the follower has caught up with the

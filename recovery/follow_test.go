@@ -329,3 +329,44 @@ func TestFollowHost(t *testing.T) {
 	}
 	waitFor(t, "the file counted as current", func() bool { st := fl.f.Status(); return st.Current == 1 && st.Written == 1 })
 }
+
+// TestFollowMovedFile: a session file renamed on its host is renamed on the standby too,
+// and followed on at its new place: the standby never holds it twice.
+func TestFollowMovedFile(t *testing.T) {
+	tm := newTestMirror(t)
+	const id = "0192f0a4-5e1c-7a3b-9c2d-00000000f071"
+	lines := disasterLines(id, 4)
+	m := mirrortest.MirrorFile(t, lines, 1, 0)
+	publishUpTo(t, tm, lines, m, 1, 0, 3)
+	out := t.TempDir()
+	fl := follow(t, tm, FollowOptions{Options: Options{Out: out}, All: true})
+	old := filepath.Join(out, m.Source)
+	waitFile(t, old, mirrortest.JoinLines(lines[:4]))
+
+	// Renamed on the host (the daemon keeps the key and generation, its head names the
+	// new path), then appended to.
+	moved := m
+	moved.Source = filepath.ToSlash(filepath.Join(filepath.Dir(m.Source), "renamed_"+id+".jsonl"))
+	for i := range moved.Msgs {
+		moved.Msgs[i].Source = moved.Source
+	}
+	conv, _ := mirror.NewConv(tm.Owner, id)
+	head := mirrortest.DaemonHead(lines[:4], moved, 1)
+	head.Source = moved.Source
+	if head.LastSeq, _ = tm.Reader.LastSeq(mirrortest.Ctx(t), conv); head.LastSeq == 0 {
+		t.Fatal("no last sequence")
+	}
+	if err := tm.Writer.PutHead(mirrortest.Ctx(t), conv, head); err != nil {
+		t.Fatal(err)
+	}
+	now := filepath.Join(out, moved.Source)
+	waitFile(t, now, mirrortest.JoinLines(lines[:4]))
+	publishUpTo(t, tm, lines, moved, 1, 4, 4)
+	waitFile(t, now, mirrortest.JoinLines(lines))
+	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the old path still holds a copy: %v", err)
+	}
+	if st := fl.f.Status(); st.Written != 1 || len(st.Left) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}

@@ -467,6 +467,15 @@ func (r *Recoverer) supersededBy(key string, head *mirror.Head) error {
 		w, stale, alone)
 }
 
+// unclaim gives up key's claim of path (its file moved).
+func (r *Recoverer) unclaim(path, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.claimed[path] == key {
+		delete(r.claimed, path)
+	}
+}
+
 func (r *Recoverer) claim(path, key string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
