@@ -3,8 +3,8 @@ package bench
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
