@@ -187,10 +187,8 @@ func (lr *lineReader) advance(r io.ReaderAt, t *tail, size int64, emit func(Line
 // headerChunk is the read size used to find the first line.
 const headerChunk = 4096
 
-// leadLines returns copies of the first complete lines of r within size: at most
-// pisession.LeadLines of them, and no more bytes than pisession.LeadBytes (a line longer
-// than that, or than maxInline, is nil). more says a complete line follows them. The
-// first line's being complete is len(lines) > 0.
+// leadLines returns the lead of r within size (pisession.LeadBuffer: the rule the
+// daemon and status share). The first line's being complete is len(lines) > 0.
 func (lr *lineReader) leadLines(r io.ReaderAt, size int64) (lines [][]byte, more bool, read int64, err error) {
 	// The first lines are short: read them in small pieces rather than a whole buffer's worth.
 	if full := lr.buf; len(full) > headerChunk {
@@ -198,29 +196,16 @@ func (lr *lineReader) leadLines(r io.ReaderAt, size int64) (lines [][]byte, more
 		defer func() { lr.buf = full }()
 	}
 	var t tail
+	var lead pisession.LeadBuffer
 	stop := errors.New("stop")
-	var held int64
 	read, err = lr.advance(r, &t, size, func(l Line) error {
-		if len(lines) == pisession.LeadLines {
-			more = true
+		if !lead.Add(l.Data, l.Len) {
 			return stop
 		}
-		if len(lines) > 0 && held+l.Len > pisession.LeadBytes {
-			// A line past the budget is there all the same (nil: too long to hold), so
-			// that a large entry after a title still makes the file a session.
-			lines, more = append(lines, nil), true
-			return stop
-		}
-		var b []byte
-		if l.Data != nil && held+l.Len <= pisession.LeadBytes {
-			b = bytes.Clone(l.Data)
-			held += l.Len
-		}
-		lines = append(lines, b)
 		return nil
 	})
 	if err == stop || errors.Is(err, errShortRead) {
 		err = nil
 	}
-	return lines, more, read, err
+	return lead.Lines, lead.More, read, err
 }

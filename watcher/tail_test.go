@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	pisession "github.com/pisync/pisync/internal/session"
 )
 
 // growing is a file that is being appended to: ReadAt sees only what was written.
@@ -377,5 +379,68 @@ func TestLastLineDigestOfLargeLineInOneRead(t *testing.T) {
 	g.data = append(g.data, "{\"next\":2}\n"...)
 	if _, err := lr.advance(g, &tl, int64(len(g.data)), func(l Line) error { got = append(got, l); return nil }); err != nil || len(got) != 3 {
 		t.Fatalf("append after the large line: %d lines, %v", len(got), err)
+	}
+}
+
+// The watcher reads a file's lead as `pisync status` does (session.ReadLead), whatever
+// its lines' lengths and the watcher's own buffer and inline bounds.
+func TestLeadLinesAgreeWithStatus(t *testing.T) {
+	const (
+		header = `{"type":"session","version":3,"id":"0199ffff-0000-7000-8000-000000000001","timestamp":"2026-12-05T14:00:00.000Z","cwd":"/w"}`
+		title  = `{"type":"title","v":1,"title":"t"}`
+		msg    = `{"type":"message","id":"a1b2c3d4","parentId":null,"message":{"role":"user","content":"hi"}}`
+	)
+	big := func(n int) string { return `{"type":"message","id":"b","data":"` + strings.Repeat("A", n) + `"}` }
+	bigHeader := strings.Replace(header, `"/w"`, `"/`+strings.Repeat("w", pisession.LeadBytes)+`"`, 1)
+	files := map[string]string{
+		"empty":                   "",
+		"torn header":             header,
+		"Pi's file":               header + "\n" + msg + "\n" + msg,
+		"nine entries":            strings.Repeat(msg+"\n", pisession.LeadLines+1),
+		"header over LeadBytes":   bigHeader + "\n" + msg + "\n",
+		"title then an image":     title + "\n" + big(pisession.LeadBytes) + "\n" + header + "\n",
+		"two halves of the bound": big(pisession.LeadBytes/2) + "\n" + big(pisession.LeadBytes/2) + "\n" + msg + "\n",
+		"a line over maxInline":   big(600<<10) + "\n" + msg + "\n",
+	}
+	for name, content := range files {
+		for _, bufSize := range []int{64, 4096, 64 << 10} {
+			t.Run(fmt.Sprintf("%s/buf%d", name, bufSize), func(t *testing.T) {
+				sameLead(t, []byte(content), bufSize)
+			})
+		}
+	}
+}
+
+// FuzzLeadLines holds the watcher's lead to session.ReadLead's for any content and read
+// buffer size.
+func FuzzLeadLines(f *testing.F) {
+	f.Add([]byte("{\"type\":\"title\"}\n{\"type\":\"session\",\"id\":\"x\"}\n{}\n"), uint16(7))
+	f.Add(bytes.Repeat([]byte("{}\n"), 12), uint16(1))
+	f.Add([]byte("\n\n\r\nno newline"), uint16(300))
+	f.Fuzz(func(t *testing.T, content []byte, buf uint16) {
+		sameLead(t, content, int(buf%4096)+1)
+	})
+}
+
+// sameLead fails t unless the watcher, reading content with a buffer of bufSize bytes,
+// finds the lead session.ReadLead finds.
+func sameLead(t *testing.T, content []byte, bufSize int) {
+	t.Helper()
+	want, err := pisession.ReadLead(bytes.NewReader(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := newLineReader(bufSize, DefaultMaxInlineBytes)
+	lines, more, _, err := lr.leadLines(bytes.NewReader(content), int64(len(content)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if more != want.More || len(lines) != len(want.Lines) {
+		t.Fatalf("watcher: %d lines, more %v; status: %d lines, more %v", len(lines), more, len(want.Lines), want.More)
+	}
+	for i := range lines {
+		if (lines[i] == nil) != (want.Lines[i] == nil) || !bytes.Equal(lines[i], want.Lines[i]) {
+			t.Errorf("line %d: watcher %.40q (nil %v), status %.40q (nil %v)", i, lines[i], lines[i] == nil, want.Lines[i], want.Lines[i] == nil)
+		}
 	}
 }

@@ -65,7 +65,12 @@ func (l DigestedLine) EntryID() string {
 // torn tail (bytes after the last newline). Memory stays bounded whatever the line
 // length: long lines are hashed chunk by chunk.
 func ReadLines(r io.Reader, fn func(DigestedLine) error) (torn int64, err error) {
-	br := bufio.NewReaderSize(r, readBufSize(r))
+	return readLines(r, readBufSize(r), fn)
+}
+
+// readLines is ReadLines with a read buffer of bufSize bytes.
+func readLines(r io.Reader, bufSize int, fn func(DigestedLine) error) (torn int64, err error) {
+	br := bufio.NewReaderSize(r, bufSize)
 	h := sha256.New()
 	var (
 		ord  int64

@@ -1,12 +1,9 @@
 package verify
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,9 +13,6 @@ import (
 	"github.com/pisync/pisync/internal/session"
 	"github.com/pisync/pisync/mirror"
 )
-
-// maxHeaderLine bounds how much of a file is read to find its header line.
-const maxHeaderLine = 1 << 20
 
 // LocalFile is a Pi session file found under a watched root.
 type LocalFile struct {
@@ -103,13 +97,13 @@ func readLocal(f *LocalFile) bool {
 	if f.Size == 0 {
 		return false // nothing written yet: nothing to mirror
 	}
-	lines, more, err := leadLines(fh)
+	lb, err := session.ReadLead(fh)
 	if err != nil {
 		f.Err = err
 		return true
 	}
-	if len(lines) > 0 {
-		lead := session.Identify(filepath.Base(f.Path), lines, more)
+	if len(lb.Lines) > 0 {
+		lead := session.Identify(filepath.Base(f.Path), lb.Lines, lb.More)
 		f.Lead = lead.Kind
 		switch lead.Kind {
 		case session.LeadHeader, session.LeadHeaderless:
@@ -122,31 +116,6 @@ func readLocal(f *LocalFile) bool {
 		f.Err = err
 	}
 	return true
-}
-
-// leadLines reads the first complete lines of r as the daemon does: at most
-// session.LeadLines of them within session.LeadBytes (a line past that bound is nil),
-// and whether a complete line follows them.
-func leadLines(r io.Reader) (lines [][]byte, more bool, err error) {
-	br := bufio.NewReaderSize(io.LimitReader(r, maxHeaderLine), 4096)
-	var held int
-	for {
-		line, err := br.ReadBytes('\n')
-		switch {
-		case errors.Is(err, io.EOF):
-			return lines, false, nil // a torn line, or the end of what is read for a header
-		case err != nil:
-			return nil, false, err
-		}
-		if len(lines) == session.LeadLines {
-			return lines, true, nil
-		}
-		line = bytes.TrimSuffix(line, []byte("\n"))
-		if held += len(line); held > session.LeadBytes && len(lines) > 0 {
-			return append(lines, nil), true, nil // there, too long to hold (as the daemon reads it)
-		}
-		lines = append(lines, line)
-	}
 }
 
 // Lister lists what the mirror holds for the caller; *mirror.Reader implements it.
