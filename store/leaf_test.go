@@ -43,6 +43,8 @@ func TestApplyLeaf(t *testing.T) {
 		{name: "a raw line leaves it", lines: []scanned{entry(1, "a1", "message"), raw(2)}, head: "a1"},
 		{name: "a v1 entry leaves it", lines: []scanned{entry(1, "a1", "message"), v1(2)}, head: "a1",
 			after: map[string]string{mirror.OrdinalID(2): "a1"}},
+		{name: "an entry without an id leaves it, as the daemon's head does", lines: []scanned{entry(1, "a1", "message"), entry(2, mirror.OrdinalID(2), "message")},
+			head: "a1", after: map[string]string{mirror.OrdinalID(2): "a1"}},
 		{name: "a line stored out of order does not move it", lines: []scanned{entry(2, "b2", "message"), entry(1, "a1", "message")},
 			head: "b2", after: map[string]string{"a1": "a1"}},
 	} {

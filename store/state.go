@@ -283,13 +283,19 @@ func (c *conv) apply(m scanned) {
 	c.leaf.Apply(env)
 }
 
-// envelope is what Pi's leaf rule reads of m: nothing of a raw line, nor of a v1 entry
-// (it has no id; EntryID is its ordinal), else its type, id and target.
+// envelope is what Pi's leaf rule reads of m, as the daemon read it from the line:
+// nothing of a raw line, nor of a v1 entry, else its type, id and target. An entry
+// without an id (v1, or an id-less line of a later format) is stored under its ordinal
+// (mirror.OrdinalID), which is no id to the rule.
 func (m scanned) envelope() session.Envelope {
 	if m.Kind == mirror.KindRaw || m.Format == string(session.FormatV1) {
 		return session.Envelope{}
 	}
-	return session.Envelope{Type: m.EntryType, ID: m.EntryID, ParentID: m.ParentID, TargetID: m.targetID}
+	id := m.EntryID
+	if id == mirror.OrdinalID(m.Ordinal) {
+		id = ""
+	}
+	return session.Envelope{Type: m.EntryType, ID: id, ParentID: m.ParentID, TargetID: m.targetID}
 }
 
 // incomplete reports whether c is a fork whose copy has not completed: no reader may see
