@@ -129,7 +129,7 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			r.pisync, r.peakRSS = run.mirrored, run.peakRSS
 			d.stop(tb)
 			stopProfile()
-			r.pisyncCPU = rusageCPU(tb, d.cmd.ProcessState)
+			r.pisyncCPU = rusageCPU(tb, d.proc.Cmd.ProcessState)
 			nc := t.connect(tb)
 			defer nc.Close()
 			checkStored(tb, nc, w)

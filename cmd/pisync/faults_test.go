@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -22,40 +23,6 @@ import (
 // childEnv makes the test binary act as the pisync command (see TestMain); used only by
 // tests that need the daemon in a process of its own when no built binary is at hand.
 const childEnv = "PISYNC_TEST_CHILD"
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// pisyncBinary builds cmd/pisync once per test run.
-func pisyncBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pisync-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "pisync")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = &buildError{err: err, out: string(out)}
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build pisync: %v", buildErr)
-	}
-	return binPath
-}
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
 
 // TestLineInTwoWritesPublishedOnceWhole: a line written in two writes with a pause
 // between is published once, complete.
@@ -250,7 +217,7 @@ func TestSIGKILLExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("30 kills")
 	}
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	seed := *chaosSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -57,7 +58,7 @@ func TestHugeLineBoundedMemory(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	rng := rand.New(rand.NewPCG(61, 62))
 	srv := natstest.Run(t)
 	root := t.TempDir()
