@@ -135,6 +135,7 @@ func (w *chaosWriter) delete(f *sessiontest.File) {
 // the server is restarted at random. After catch-up, recovery of every conversation
 // equals its local file, and no (conversation, generation, entry) is in the stream twice.
 func TestChaos(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a minute of chaos")
 	}

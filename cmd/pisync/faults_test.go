@@ -27,6 +27,7 @@ const childEnv = "PISYNC_TEST_CHILD"
 // TestLineInTwoWritesPublishedOnceWhole: a line written in two writes with a pause
 // between is published once, complete.
 func TestLineInTwoWritesPublishedOnceWhole(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -67,6 +68,7 @@ func TestLineInTwoWritesPublishedOnceWhole(t *testing.T) {
 // TestBlobLineRoundTrip: a 3 MB line goes through the object store and reads back
 // byte-identical through the mirror read API.
 func TestBlobLineRoundTrip(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -113,6 +115,7 @@ func TestBlobLineRoundTrip(t *testing.T) {
 // corrupted) between two runs; the second run learns from the mirror what it holds and
 // publishes nothing twice, although the 1 s duplicate window has long passed.
 func TestStateDirLostNoDuplicates(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		harm func(t *testing.T, state string)
@@ -130,6 +133,7 @@ func TestStateDirLostNoDuplicates(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rng := rand.New(rand.NewPCG(7, 8))
 			srv := natstest.Run(t)
 			root, state := t.TempDir(), t.TempDir()
@@ -179,6 +183,7 @@ func TestEmbeddedServerByDefault(t *testing.T) {
 // TestServerOutage: the server is stopped for 10 s while lines keep being appended, then
 // restarted on the same store: everything arrives, once.
 func TestServerOutage(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("10 s outage")
 	}
@@ -214,6 +219,7 @@ func TestServerOutage(t *testing.T) {
 // plus live-append workload, with a 1 s duplicate window and every restart more than
 // 1 s later: at the end every line is in the stream exactly once.
 func TestSIGKILLExactlyOnce(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("30 kills")
 	}

@@ -52,6 +52,7 @@ func procKB(t *testing.T, pid int, field string) int64 {
 // (a process of its own, so that its memory is measured alone) with a peak RSS growth
 // under 64 MB, and reads back byte-identical.
 func TestHugeLineBoundedMemory(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("100 MB line")
 	}

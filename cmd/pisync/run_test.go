@@ -56,6 +56,7 @@ func writeSessions(t *testing.T, rng *rand.Rand, root string, n, entries int) []
 // created while running and appends to existing ones all reach the stream exactly once,
 // byte-identical, with the right headers and ordinals, and the heads follow the leaf rule.
 func TestMirrorsEveryLineOnce(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	srv := natstest.Run(t)
 	root := t.TempDir()

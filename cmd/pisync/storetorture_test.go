@@ -37,6 +37,7 @@ var (
 )
 
 func TestStoreTorture(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("store torture: processes and SIGKILL")
 	}
