@@ -3,6 +3,7 @@ package daemontest
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +72,23 @@ func TestEnvDropsPisyncVariables(t *testing.T) {
 		if strings.HasPrefix(kv, "PISYNC_") {
 			t.Fatalf("Env keeps %s", kv)
 		}
+	}
+}
+
+func TestBuildTakesBinEnv(t *testing.T) {
+	t.Cleanup(Remove) // forget what this test made Build return
+	Remove()
+	bin := filepath.Join(t.TempDir(), "pisync")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(BinEnv, bin)
+	if got, err := Build(false); err != nil || got != bin {
+		t.Fatalf("Build(false) = %q, %v; want %s", got, err, bin)
+	}
+	Remove()
+	t.Setenv(BinEnv, filepath.Join(t.TempDir(), "missing"))
+	if _, err := Build(false); err == nil || !strings.Contains(err.Error(), BinEnv) {
+		t.Fatalf("Build(false) of a missing %s: %v, want an error naming it", BinEnv, err)
 	}
 }
