@@ -126,7 +126,11 @@ func TestHugeLineBoundedMemory(t *testing.T) {
 	if blob.Kind != mirror.KindBlob || blob.SHA256 != want || blob.EntryID != "b16b16b1" || blob.EntryType != "message" {
 		t.Fatalf("line 3 mirrored as %+v", blob.Line)
 	}
-	rc, err := r.Blob(ctx, blob.SHA256)
+	// The read-back has a deadline of its own: the wait above may have used most of the
+	// first one on a loaded machine (the test runs beside others).
+	rctx, rcancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer rcancel()
+	rc, err := r.Blob(rctx, blob.SHA256)
 	if err != nil {
 		t.Fatal(err)
 	}
