@@ -57,8 +57,11 @@ test-bin:
 	$(GO) build -o $(TEST_BIN)/pisync ./cmd/pisync
 	$(GO) build -o $(TEST_BIN)/nats-server github.com/nats-io/nats-server/v2
 
+# Test binaries run at once: go's default is one a core, but most packages' tests wait on
+# servers, processes and timers far more than they compute, so at least 3.
+TEST_P ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ $$n -gt 3 ] && echo $$n || echo 3)
 unit: test-bin
-	$(TEST_BIN_ENV) $(GO) test -race -timeout 20m $(PKGS)
+	$(TEST_BIN_ENV) $(GO) test -race -p $(TEST_P) -timeout 20m $(PKGS)
 
 # The TypeScript package @pisync/pi-session-store: compile (tsc) and run its tests
 # (node --test) against a real nats-server and `pisync serve`, both built here.
