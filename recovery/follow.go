@@ -59,9 +59,12 @@ type Follower struct {
 	rec  *Recoverer
 	opts FollowOptions
 
-	files    map[string]*followed // by conversation key
-	pending  []pendingLine        // lines decided, not yet written (flushed together)
-	buffered int64                // bytes in pending
+	files map[string]*followed // by conversation key
+	// unsettled are the conversations with a rebuild due or lines held: what reconcile
+	// looks at, so that a caught-up line costs nothing per conversation followed.
+	unsettled map[string]*followed
+	pending   []pendingLine // lines decided, not yet written (flushed together)
+	buffered  int64         // bytes in pending
 
 	mu     sync.Mutex
 	status FollowStatus
@@ -69,6 +72,7 @@ type Follower struct {
 
 // followed is what the follower knows of one conversation.
 type followed struct {
+	key        string
 	path       string
 	gen        int
 	next       int64 // the ordinal the file lacks first
@@ -126,7 +130,8 @@ func NewFollower(m FollowMirror, opts FollowOptions) *Follower {
 		opts.Retry = 5 * time.Second
 	}
 	opts.Replace = true
-	return &Follower{m: m, rec: New(m, opts.Options), opts: opts, files: map[string]*followed{}}
+	return &Follower{m: m, rec: New(m, opts.Options), opts: opts, files: map[string]*followed{},
+		unsettled: map[string]*followed{}}
 }
 
 // Status returns a copy of the follower's status.
@@ -218,8 +223,10 @@ func (f *Follower) Run(ctx context.Context) error {
 		case <-tick.C:
 			f.flush()
 			f.reconcile(ctx, len(lines) == 0)
+			// The status's counts, every tick: a pass over every conversation, not one
+			// per line.
+			f.publish()
 		}
-		f.publish()
 	}
 }
 
@@ -251,6 +258,7 @@ func (f *Follower) start(ctx context.Context) error {
 	for _, rep := range f.rec.Run(ctx, sel) {
 		f.took(rep)
 	}
+	f.publish()
 	f.mu.Lock()
 	f.status.Started = true
 	f.mu.Unlock()
@@ -261,7 +269,7 @@ func (f *Follower) start(ctx context.Context) error {
 func (f *Follower) state(key string) *followed {
 	st, ok := f.files[key]
 	if !ok {
-		st = &followed{}
+		st = &followed{key: key}
 		f.files[key] = st
 	}
 	return st
@@ -340,6 +348,7 @@ func (f *Follower) line(l mirror.Followed) {
 		if st.held == nil {
 			st.held = map[int64]mirror.Msg{}
 			st.heldSince = time.Now()
+			f.unsettled[st.key] = st
 		}
 		st.held[l.Ordinal] = l.Msg
 	case rebuildIt:
@@ -376,6 +385,7 @@ func (f *Follower) markDirty(st *followed) {
 		st.dirty, st.dirtySince = true, time.Now()
 	}
 	st.held = nil
+	f.unsettled[st.key] = st
 }
 
 // head takes a change of a head.
@@ -450,9 +460,13 @@ func (f *Follower) move(key string, st *followed, at string) {
 func (f *Follower) reconcile(ctx context.Context, quiet bool) {
 	now := time.Now()
 	var due []string
-	for k, st := range f.files {
+	for k, st := range f.unsettled {
 		if st.held != nil && now.Sub(st.heldSince) >= f.opts.Hold {
 			f.markDirty(st)
+		}
+		if !st.dirty && st.held == nil {
+			delete(f.unsettled, k)
+			continue
 		}
 		if !st.dirty || !quiet || now.Before(st.retryAt) {
 			continue

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"html/template"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -204,10 +203,6 @@ func behindSeconds(s recovery.FollowStatus, now time.Time) float64 {
 
 // serveFollow serves the follower's /metrics, /healthz, /status.json and status page.
 func serveFollow(addr string, reg *prometheus.Registry, current func() *recovery.Follower, log *zap.Logger) (*httpServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on --http-addr %s: %w", addr, err)
-	}
 	status := func() followDoc {
 		doc := followDoc{Time: time.Now()}
 		if c := current(); c != nil {
@@ -235,13 +230,7 @@ func serveFollow(addr string, reg *prometheus.Registry, current func() *recovery
 			log.Warn("status page", zap.Error(err))
 		}
 	})
-	s := &httpServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
-	go func() {
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("HTTP server", zap.Error(err))
-		}
-	}()
-	return s, nil
+	return serveHTTP(addr, mux, log)
 }
 
 // followDoc is the follower's /status.json and status page.

@@ -23,14 +23,19 @@ type httpServer struct {
 
 // startHTTP serves /metrics, /healthz, /readyz, /status.json and the status page.
 func startHTTP(addr string, d *daemon) (*httpServer, error) {
+	return serveHTTP(addr, d.httpHandler(), d.log)
+}
+
+// serveHTTP serves h on addr (--http-addr) until stopped.
+func serveHTTP(addr string, h http.Handler, log *zap.Logger) (*httpServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on --http-addr %s: %w", addr, err)
 	}
-	s := &httpServer{srv: &http.Server{Handler: d.httpHandler(), ReadHeaderTimeout: 5 * time.Second}, ln: ln}
+	s := &httpServer{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("HTTP server", zap.Error(err))
+			log.Error("HTTP server", zap.Error(err))
 		}
 	}()
 	return s, nil
