@@ -1,12 +1,12 @@
 # pisync: the two commands of the README live here.
 #   make run    runs the daemon on the embedded JetStream
-#   make test   installs what the tests need, checks formatting and vet, runs every test with -race,
-#               then the TypeScript client's tests (make ts)
+#   make test   installs what the tests need, then at the same time checks formatting and vet,
+#               runs every test with -race and the TypeScript client's tests (make ts)
 
 GO ?= go
 PKGS := ./...
 
-.PHONY: run build release test deps check unit ts bench-smoke fuzz-smoke
+.PHONY: run build release test deps check unit ts test-bin bench-smoke fuzz-smoke
 
 run:
 	$(GO) run ./cmd/pisync run
@@ -30,7 +30,12 @@ release:
 	done
 	cd dist && sha256sum pisync-* > SHA256SUMS
 
-test: deps check unit ts
+# After the installs, the checks, the Go tests and the TypeScript client's tests run at the
+# same time, each target's output printed whole once it ends (-Otarget): most tests wait on
+# child processes, servers and timers, which leaves the two cores of a small machine room
+# for the checks' compilation meanwhile.
+test: deps
+	$(MAKE) --no-print-directory -j3 -Otarget check unit ts
 
 # Everything the test suite needs on a fresh machine.
 deps:
@@ -43,15 +48,27 @@ check:
 	# Cross-compilation: file identity and open flags have unix and windows builds.
 	GOOS=windows $(GO) build ./... && GOOS=darwin $(GO) build ./... && GOOS=darwin GOARCH=arm64 $(GO) build ./... && GOOS=windows GOARCH=arm64 $(GO) build ./...
 
-unit:
-	$(GO) test -race -timeout 20m $(PKGS)
+# The binaries that tests start as processes of their own, built once for all of them (not
+# once per test process): daemontest and bench take them from PISYNC_BIN and
+# NATS_SERVER_BIN, and so does the TypeScript client's harness.
+TEST_BIN := $(CURDIR)/bin/test
+TEST_BIN_ENV := PISYNC_BIN=$(TEST_BIN)/pisync NATS_SERVER_BIN=$(TEST_BIN)/nats-server
+test-bin:
+	$(GO) build -o $(TEST_BIN)/pisync ./cmd/pisync
+	$(GO) build -o $(TEST_BIN)/nats-server github.com/nats-io/nats-server/v2
+
+# Test binaries run at once: go's default is one a core, but most packages' tests wait on
+# servers, processes and timers far more than they compute, so at least 3.
+TEST_P ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ $$n -gt 3 ] && echo $$n || echo 3)
+unit: test-bin
+	$(TEST_BIN_ENV) $(GO) test -race -p $(TEST_P) -timeout 20m $(PKGS)
 
 # The TypeScript package @pisync/pi-session-store: compile (tsc) and run its tests
 # (node --test) against a real nats-server and `pisync serve`, both built here.
 TS_DIR := clients/pi-session-store
-ts:
+ts: test-bin
 	@command -v npm >/dev/null || { echo "ts: npm is not installed (.ci/install-deps installs it)"; exit 1; }
-	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test
+	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && $(TEST_BIN_ENV) npm test
 
 # The long soaks by hand: a 2-minute NATS outage with ~100 MB appended, then 10 minutes of
 # injected faults. `make test` runs both with short budgets (30 s, 1 min).

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 )
 
 // Sizes of the full suite (run.sh). TestSmoke ignores them and runs tiny sizes.
@@ -52,6 +54,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	cleanupAll()
+	daemontest.Remove()
 	os.Exit(code)
 }
 

@@ -77,7 +77,7 @@ func BenchmarkCPUPerLine(b *testing.B) {
 var (
 	flagCPUSessions = flag.Int("cpu-sessions", 100, "CPU per line: sessions (issue 15's workload: 300)")
 	flagCPUEntries  = flag.Int("cpu-entries", 500, "CPU per line: entries per session")
-	flagNATSServer  = flag.String("nats-server-bin", "", "CPU per line: nats-server binary (default: go build github.com/nats-io/nats-server/v2)")
+	flagNATSServer  = flag.String("nats-server-bin", "", "CPU per line: nats-server binary (default: $NATS_SERVER_BIN, or go build github.com/nats-io/nats-server/v2)")
 )
 
 type cpuResult struct {
@@ -129,7 +129,7 @@ func runCPU(tb testing.TB, w *workload) cpuResult {
 			r.pisync, r.peakRSS = run.mirrored, run.peakRSS
 			d.stop(tb)
 			stopProfile()
-			r.pisyncCPU = rusageCPU(tb, d.cmd.ProcessState)
+			r.pisyncCPU = rusageCPU(tb, d.proc.Cmd.ProcessState)
 			nc := t.connect(tb)
 			defer nc.Close()
 			checkStored(tb, nc, w)
@@ -283,7 +283,11 @@ var natsServerBin built
 // -nats-server-bin).
 func natsServerBinary(tb testing.TB) string {
 	tb.Helper()
-	return natsServerBin.get(tb, *flagNATSServer, "github.com/nats-io/nats-server/v2")
+	prebuilt := *flagNATSServer
+	if prebuilt == "" {
+		prebuilt = os.Getenv("NATS_SERVER_BIN") // make test builds it once for every test
+	}
+	return natsServerBin.get(tb, prebuilt, "github.com/nats-io/nats-server/v2")
 }
 
 // startChild starts cmd; exited is closed once it has exited, and stop sends it SIGTERM

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
@@ -25,16 +27,17 @@ import (
 
 var flagDaemonEnv = flag.String("daemon-env", "", "extra environment of the daemon, space-separated (GOGC=50 GOMEMLIMIT=48MiB …)")
 
-var pisyncBin built
-
-// pisyncBinary builds cmd/pisync once per process (or takes -pisync-bin).
+// pisyncBinary is -pisync-bin, or cmd/pisync built once per process.
 func pisyncBinary(tb testing.TB) string {
 	tb.Helper()
-	return pisyncBin.get(tb, *flagPisyncBin, "github.com/pisync/pisync/cmd/pisync")
+	if *flagPisyncBin != "" {
+		return *flagPisyncBin
+	}
+	return daemontest.Binary(tb)
 }
 
 // built is a binary go-built once per process into a directory removed at its end,
-// unless one was given (prebuilt).
+// unless one was given (prebuilt): nats-server for the CPU benchmark.
 type built struct {
 	once sync.Once
 	path string
@@ -77,11 +80,9 @@ func goTool() string {
 
 // daemonProc is a running `pisync run`.
 type daemonProc struct {
-	cmd     *exec.Cmd
+	proc    *daemontest.Proc
 	addr    string // HTTP
 	logPath string
-	exited  chan struct{}
-	waitErr error
 }
 
 // startDaemon runs `pisync run` on root against the NATS server at url ("": its
@@ -91,7 +92,7 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 	bin := pisyncBinary(tb)
 	dir := tb.TempDir()
 	d := &daemonProc{addr: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(tb)),
-		logPath: filepath.Join(dir, "pisync.log"), exited: make(chan struct{})}
+		logPath: filepath.Join(dir, "pisync.log")}
 	logf, err := os.Create(d.logPath)
 	if err != nil {
 		tb.Fatal(err)
@@ -108,20 +109,12 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 	if *flagProfileDir != "" {
 		args = append(args, "--pprof")
 	}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	d.cmd.Env = cleanEnv()
-	if *flagDaemonEnv != "" {
-		d.cmd.Env = append(d.cmd.Env, strings.Fields(*flagDaemonEnv)...)
-	}
-	if err := d.cmd.Start(); err != nil {
+	env := append(daemontest.Env(), strings.Fields(*flagDaemonEnv)...)
+	d.proc, err = daemontest.Start(bin, args, env, logf)
+	logf.Close() // the child has its own descriptor
+	if err != nil {
 		tb.Fatal(err)
 	}
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		logf.Close()
-		close(d.exited)
-	}()
 	tb.Cleanup(func() { d.stop(tb) })
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -129,8 +122,8 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 			return d
 		}
 		select {
-		case <-d.exited:
-			tb.Fatalf("pisync exited at start: %v\n%s", d.waitErr, d.logTail())
+		case <-d.proc.Exited():
+			tb.Fatalf("pisync exited at start: %v\n%s", d.proc.Err(), d.logTail())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -138,18 +131,6 @@ func startDaemon(tb testing.TB, url, root string, extra ...string) *daemonProc {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// cleanEnv is this process's environment without PISYNC_* variables, which would
-// configure the daemon behind the benchmark's back.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PISYNC_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func (d *daemonProc) logTail() string {
@@ -162,17 +143,10 @@ func (d *daemonProc) logTail() string {
 
 // stop sends SIGTERM (graceful shutdown) and waits, killing after 30 s.
 func (d *daemonProc) stop(tb testing.TB) {
-	select {
-	case <-d.exited:
+	if !d.proc.Running() {
 		return
-	default:
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
+	if err := d.proc.Stop(30 * time.Second); errors.Is(err, daemontest.ErrStopTimeout) {
 		tb.Errorf("pisync did not stop within 30 s of SIGTERM\n%s", d.logTail())
 	}
 }
@@ -227,7 +201,7 @@ type procStat struct {
 
 func (d *daemonProc) stat(tb testing.TB) procStat {
 	tb.Helper()
-	st, err := pidStat(d.cmd.Process.Pid)
+	st, err := pidStat(d.proc.Pid())
 	if err != nil {
 		tb.Fatalf("pisync is gone: %v\n%s", err, d.logTail())
 	}
@@ -309,8 +283,8 @@ func (d *daemonProc) waitMirrored(tb testing.TB, start time.Time, files int, byt
 		p, err := d.progress()
 		if err != nil {
 			select {
-			case <-d.exited:
-				tb.Fatalf("pisync exited: %v\n%s", d.waitErr, d.logTail())
+			case <-d.proc.Exited():
+				tb.Fatalf("pisync exited: %v\n%s", d.proc.Err(), d.logTail())
 			default:
 			}
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 )
 
 // Case 10's third side: Telegraf's tail input and NATS output, issue 15's reference for
@@ -88,7 +90,7 @@ func runTelegraf(tb testing.TB, t *target, w *workload, r *cpuResult) {
 	}
 	cmd := exec.Command(*flagTelegrafBin, "--config", conf)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(cleanEnv(), "PISYNC_BENCH_NATS_URL="+t.url,
+	cmd.Env = append(daemontest.Env(), "PISYNC_BENCH_NATS_URL="+t.url,
 		"PISYNC_BENCH_FILES="+filepath.Join(w.root, "*", "*.jsonl"))
 	nc := t.connect(tb)
 	defer nc.Close()

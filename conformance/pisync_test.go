@@ -13,14 +13,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/pitest"
 	"github.com/pisync/pisync/mirror"
@@ -36,93 +35,22 @@ const (
 // mirrorTimeout bounds every wait for the daemon to mirror what Pi wrote.
 const mirrorTimeout = 60 * time.Second
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	binPath   string
-	buildErr  error
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	daemontest.Remove()
 	os.Exit(code)
 }
 
-// pisyncBinary builds cmd/pisync once per test process.
+// pisyncBinary is cmd/pisync, built once per test process.
 func pisyncBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		out, err := exec.Command(goBin, "env", "GOMOD").Output()
-		if err != nil {
-			buildErr = fmt.Errorf("go env GOMOD: %w", err)
-			return
-		}
-		gomod := strings.TrimSpace(string(out))
-		if gomod == "" || gomod == os.DevNull {
-			buildErr = errors.New("go env GOMOD: not inside the module")
-			return
-		}
-		if buildDir, err = os.MkdirTemp("", "pisync-conformance-bin-"); err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(buildDir, "pisync")
-		cmd := exec.Command(goBin, "build", "-o", binPath, "./cmd/pisync")
-		cmd.Dir = filepath.Dir(gomod)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/pisync: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build pisync: %v", buildErr)
-	}
-	return binPath
-}
-
-// childEnv is the environment of pisync subprocesses: ours without PISYNC_* variables,
-// which every pisync flag reads, so that only the command line configures them.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PISYNC_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// syncBuffer is a bytes.Buffer safe for a subprocess writer and a test reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return daemontest.Binary(t)
 }
 
 // daemon is `pisync run` in a process of its own.
 type daemon struct {
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan struct{}
-	err  error
+	*daemontest.Proc
+	log *daemontest.Output
 }
 
 // startDaemon runs `pisync run` against the NATS at url, watching roots, until stop.
@@ -133,24 +61,14 @@ func startDaemon(t *testing.T, url, stateDir string, roots ...string) *daemon {
 	for _, r := range roots {
 		args = append(args, "--root", r)
 	}
-	d := &daemon{log: &syncBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(pisyncBinary(t), args...)
-	d.cmd.Env = childEnv()
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
-		t.Fatalf("start pisync run: %v", err)
+	d := &daemon{log: &daemontest.Output{}}
+	p, err := daemontest.Start(pisyncBinary(t), args, nil, d.log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		d.err = d.cmd.Wait()
-		close(d.done)
-	}()
+	d.Proc = p
 	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			_ = d.cmd.Process.Kill()
-			<-d.done
-		}
+		d.Kill()
 		if log := d.log.String(); t.Failed() && log != "" {
 			t.Logf("pisync run's log:\n%s", log)
 		}
@@ -161,21 +79,11 @@ func startDaemon(t *testing.T, url, stateDir string, roots ...string) *daemon {
 // stop sends SIGTERM and requires a clean exit (code 0) within the drain timeout.
 func (d *daemon) stop(t *testing.T) {
 	t.Helper()
-	select {
-	case <-d.done:
-		t.Fatalf("pisync run exited before it was stopped: %v\n%s", d.err, d.log.String())
-	default:
+	if !d.Running() {
+		t.Fatalf("pisync run exited before it was stopped: %v\n%s", d.Err(), d.log.String())
 	}
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-d.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("pisync run still running 30 s after SIGTERM\n%s", d.log.String())
-	}
-	if d.err != nil {
-		t.Fatalf("pisync run after SIGTERM: %v (want exit 0)\n%s", d.err, d.log.String())
+	if err := d.Stop(30 * time.Second); err != nil {
+		t.Fatalf("pisync run after SIGTERM: %v (want exit 0 within 30 s)\n%s", err, d.log.String())
 	}
 }
 
@@ -185,7 +93,7 @@ func pisync(t *testing.T, args ...string) (stdout, stderr []byte, code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, pisyncBinary(t), args...)
-	cmd.Env = childEnv()
+	cmd.Env = daemontest.Env()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

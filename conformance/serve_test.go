@@ -1,41 +1,34 @@
 package conformance
 
 import (
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
 // serve is `pisync serve` in a process of its own.
 type serve struct {
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan struct{}
-	err  error
+	*daemontest.Proc
+	log *daemontest.Output
 }
 
 // startServe runs `pisync serve` against the NATS at url and waits until it answers a
 // request of the test owner.
 func startServe(t *testing.T, url string) *serve {
 	t.Helper()
-	s := &serve{log: &syncBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(pisyncBinary(t), "serve", "--nats", url, "--http-addr", "", "--log-format", "console", "--log-level", "warn")
-	s.cmd.Env = childEnv()
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start pisync serve: %v", err)
+	s := &serve{log: &daemontest.Output{}}
+	p, err := daemontest.Start(pisyncBinary(t), []string{"serve", "--nats", url, "--http-addr", "",
+		"--log-format", "console", "--log-level", "warn"}, nil, s.log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		s.err = s.cmd.Wait()
-		close(s.done)
-	}()
+	s.Proc = p
 	t.Cleanup(func() {
-		s.kill()
+		s.Kill()
 		if log := s.log.String(); t.Failed() && log != "" {
 			t.Logf("pisync serve's log:\n%s", log)
 		}
@@ -49,8 +42,8 @@ func startServe(t *testing.T, url string) *serve {
 			return s
 		}
 		select {
-		case <-s.done:
-			t.Fatalf("pisync serve exited: %v\n%s", s.err, s.log.String())
+		case <-s.Exited():
+			t.Fatalf("pisync serve exited: %v\n%s", s.Err(), s.log.String())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -61,15 +54,4 @@ func startServe(t *testing.T, url string) *serve {
 		}
 		time.Sleep(50 * time.Millisecond) // polling interval of a poll-with-deadline
 	}
-}
-
-// kill sends SIGKILL (if it still runs) and waits for the process to end.
-func (s *serve) kill() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
 }

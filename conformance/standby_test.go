@@ -5,13 +5,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/pitest"
 	"github.com/pisync/pisync/mirror"
@@ -19,29 +18,22 @@ import (
 
 // proc is a pisync command running in a process of its own.
 type proc struct {
+	*daemontest.Proc
 	name string
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan struct{}
-	err  error
+	log  *daemontest.Output
 }
 
 // startProc runs `pisync args...` with the environment of the test's host (env added).
 func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, log: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(pisyncBinary(t), args...)
-	p.cmd.Env = append(childEnv(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
+	p := &proc{name: name, log: &daemontest.Output{}}
+	dp, err := daemontest.Start(pisyncBinary(t), args, append(daemontest.Env(), env...), p.log)
+	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
+	p.Proc = dp
 	t.Cleanup(func() {
-		p.kill()
+		p.Kill()
 		if t.Failed() {
 			t.Logf("%s's log:\n%s", name, p.log.String())
 		}
@@ -49,26 +41,11 @@ func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 	return p
 }
 
-func (p *proc) kill() {
-	select {
-	case <-p.done:
-	default:
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
 // term stops it with SIGTERM and requires exit 0.
 func (p *proc) term(t *testing.T) {
 	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s still running 30 s after SIGTERM", p.name)
-	}
-	if p.err != nil {
-		t.Fatalf("%s after SIGTERM: %v\n%s", p.name, p.err, p.log.String())
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("%s after SIGTERM: %v\n%s", p.name, err, p.log.String())
 	}
 }
 
@@ -134,7 +111,7 @@ func TestWarmStandby(t *testing.T) {
 	linesA := mustRead(t, start.Path)
 
 	// A is lost; B becomes the primary: the follower stops, B's daemon takes the root.
-	a.kill()
+	a.Kill()
 	follower.term(t)
 	b := run("pisync run on host B", rootB, "host-b")
 	pi.StartLive(t, pathB, pitest.LiveOptions{Count: 3}).Wait(t)

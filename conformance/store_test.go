@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/pitest"
 	"github.com/pisync/pisync/mirror"
@@ -249,7 +250,7 @@ func TestStoreServeKilledMidAppend(t *testing.T) {
 	args := append([]string{ps.Script, "appender", "--id", "019ad000-0000-7000-8000-000000002000", "--count", fmt.Sprint(count),
 		"--timeoutMs", "1000", "--attempts", "60"}, storeArgs(srv.URL())...)
 	cmd := exec.Command(ps.Node, args...)
-	var stderr syncBuffer
+	var stderr daemontest.Output
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -283,7 +284,7 @@ func TestStoreServeKilledMidAppend(t *testing.T) {
 		}
 		acked = append(acked, ack.ID)
 		if ack.N%15 == 0 && ack.N < count {
-			sv.kill() // the next append is sent to no one, or to a serve about to die
+			sv.Kill() // the next append is sent to no one, or to a serve about to die
 			sv = startServe(t, srv.URL())
 		}
 	}

@@ -23,7 +23,7 @@ func (r *run) apply(op Op) (string, *Failure) {
 	if err := r.d.supervise(); err != nil {
 		return "", &Failure{Guarantee: "the daemon stays up (8)", Detail: err.Error()}
 	}
-	if r.d.cmd == nil {
+	if r.d.proc == nil {
 		if r.downFor <= 0 || op.Kind == Check || op.Kind == Kill || op.Kind == Term || op.Kind == StateLoss {
 			if err := r.d.start(); err != nil {
 				r.t.Fatal(err)

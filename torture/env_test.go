@@ -27,7 +27,7 @@ func TestTermAfterFailedStart(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-d.exited:
+			case <-d.proc.Exited():
 			case <-time.After(30 * time.Second):
 				t.Fatal("the script did not exit")
 			}

@@ -8,12 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/mirror"
 )
@@ -30,36 +27,6 @@ const (
 	tenant = "t1"
 	owner  = "alice"
 )
-
-var (
-	buildMu   sync.Mutex
-	buildDone = map[bool]string{}
-)
-
-// Binary builds cmd/pisync once per process (with the race detector if race), into a
-// directory that outlives the test, and returns its path.
-func Binary(race bool) (string, error) {
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	if p, ok := buildDone[race]; ok {
-		return p, nil
-	}
-	dir, err := os.MkdirTemp("", "pisync-torture-bin-")
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(dir, "pisync")
-	args := []string{"build", "-o", p}
-	if race {
-		args = append(args, "-race")
-	}
-	out, err := exec.Command("go", append(args, "github.com/pisync/pisync/cmd/pisync")...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build pisync: %v\n%s", err, out)
-	}
-	buildDone[race] = p
-	return p, nil
-}
 
 // nats is the server side of a run: one embedded server, or a 3-node cluster of which one
 // node may be down.
@@ -122,9 +89,7 @@ type daemon struct {
 	args     []string
 	logPath  string
 	http     string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	waitErr  error
+	proc     *daemontest.Proc // nil while stopped
 	starts   int
 	started  time.Time
 	logFrom  int64 // size of the log when this process started
@@ -144,7 +109,7 @@ func (d *daemon) startupFailed() bool {
 
 // supervise restarts a daemon that failed to start; any other exit is an error.
 func (d *daemon) supervise() error {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return nil // stopped on purpose
 	}
 	err := d.running()
@@ -155,7 +120,7 @@ func (d *daemon) supervise() error {
 		return err
 	}
 	d.restarts++
-	d.cmd = nil
+	d.proc = nil
 	time.Sleep(500 * time.Millisecond) // RestartSec, shortened
 	return d.start()
 }
@@ -170,31 +135,25 @@ func (d *daemon) start() error {
 	if fi, err := logf.Stat(); err == nil {
 		d.logFrom = fi.Size()
 	}
-	cmd := exec.Command(d.bin, d.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start daemon: %w", err)
+	p, err := daemontest.Start(d.bin, d.args, nil, logf)
+	if err != nil {
+		return err
 	}
 	d.starts++
 	d.started = time.Now()
-	d.cmd, d.exited, d.waitErr = cmd, make(chan struct{}), nil
-	go func(exited chan struct{}) {
-		err := cmd.Wait()
-		d.waitErr = err
-		close(exited)
-	}(d.exited)
+	d.proc = p
 	return nil
 }
 
 // running reports whether the daemon process is alive; an exit nobody asked for is
 // returned as an error.
 func (d *daemon) running() error {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return errors.New("daemon not started")
 	}
 	select {
-	case <-d.exited:
-		return fmt.Errorf("daemon exited on its own: %v", d.waitErr)
+	case <-d.proc.Exited():
+		return fmt.Errorf("daemon exited on its own: %v", d.proc.Err())
 	default:
 		return nil
 	}
@@ -202,17 +161,16 @@ func (d *daemon) running() error {
 
 // kill sends SIGKILL and waits for the process to go.
 func (d *daemon) kill() {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGKILL)
-	<-d.exited
-	d.cmd = nil
+	d.proc.Kill()
+	d.proc = nil
 }
 
 // term sends SIGTERM and waits up to timeout for a clean exit.
 func (d *daemon) term(timeout time.Duration) error {
-	if d.cmd == nil {
+	if d.proc == nil {
 		return nil
 	}
 	// A signal in the first moments of the process, before main installs its handler,
@@ -222,34 +180,31 @@ func (d *daemon) term(timeout time.Duration) error {
 	// 20261201: "graceful stop: signal: terminated" 0.7 s after the start).
 	for deadline := d.started.Add(10 * time.Second); time.Now().Before(deadline) && !d.logged(); {
 		select {
-		case <-d.exited:
+		case <-d.proc.Exited():
 		case <-time.After(20 * time.Millisecond):
 			continue
 		}
 		break
 	}
 	select {
-	case <-d.exited:
+	case <-d.proc.Exited():
 		if d.startupFailed() {
 			// It failed to start before any signal was sent (seed 820403348502: a node
 			// down, the stream's lookup timed out): a failed start, which the supervisor
 			// answers with a restart, not a shutdown that went wrong.
 			d.restarts++
-			d.cmd = nil
+			d.proc = nil
 			return nil
 		}
 	default:
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(timeout):
-		d.kill()
+	err := d.proc.Stop(timeout)
+	d.proc = nil
+	switch {
+	case errors.Is(err, daemontest.ErrStopTimeout):
 		return fmt.Errorf("no exit %v after SIGTERM", timeout)
-	}
-	d.cmd = nil
-	if d.waitErr != nil {
-		return fmt.Errorf("graceful stop: %v", d.waitErr)
+	case err != nil:
+		return fmt.Errorf("graceful stop: %v", err)
 	}
 	return nil
 }

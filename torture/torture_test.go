@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 )
 
 var (
@@ -24,6 +26,12 @@ var (
 	logLevelFlag = flag.String("torture.log-level", "info", "the daemon's --log-level (debug: each file's Open, moves, removals)")
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	daemontest.Remove()
+	os.Exit(code)
+}
+
 // ciSeeds are the seeds CI runs, each for ciOps operations: together well under a minute.
 var ciSeeds = []uint64{20261201, 7, 424242}
 
@@ -37,7 +45,7 @@ var ciExclude = map[Kind]bool{}
 // operations; with -torture.seed one seed (a reproducer); with -torture.duration fresh
 // seeds until the time is up (make torture).
 func TestTorture(t *testing.T) {
-	bin, err := Binary(*raceFlag)
+	bin, err := daemontest.Build(*raceFlag)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ var (
 // files of 20,000 lines, the size where the first file's rewrite was missed in half of
 // the runs before the watcher recorded the stat of a file's first Open.
 func TestRewriteDuringBackfill(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	var files [][][]byte
 	var paths []string

@@ -19,6 +19,7 @@ import (
 // files. Once the limit is raised it recovers by itself, without a restart, and every
 // line is in the stream exactly once.
 func TestDaemonThrottledByFullStream(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv := natstest.Run(t)

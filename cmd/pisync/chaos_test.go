@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -134,6 +135,7 @@ func (w *chaosWriter) delete(f *sessiontest.File) {
 // the server is restarted at random. After catch-up, recovery of every conversation
 // equals its local file, and no (conversation, generation, entry) is in the stream twice.
 func TestChaos(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a minute of chaos")
 	}
@@ -147,19 +149,19 @@ func TestChaos(t *testing.T) {
 		}
 	}()
 	t.Logf("seed %d", seed)
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	srv := natstest.Run(t)
 	root, state := t.TempDir(), t.TempDir()
 	nc := natstest.Connect(t, srv.URL())
 	args := []string{"run", "--nats", srv.URL(), "--root", root, "--state-dir", state, "--http-addr", "",
 		"--tenant", "t1", "--owner", "alice", "--log-level", "info", "--duplicate-window", "2s", "--ack-timeout", "2s"}
 	var daemon *exec.Cmd
-	logs := &lockedBuffer{}
+	logs := &daemontest.Output{}
 	defer func() {
 		if t.Failed() {
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("pisync-chaos-%d.log", seed))
-			if err := os.WriteFile(path, []byte(logs.tail(1<<30)), 0o644); err == nil {
-				t.Logf("daemon logs in %s; the last 4 KiB:\n%s", path, logs.tail(4<<10))
+			if err := os.WriteFile(path, []byte(logs.Tail(1<<30)), 0o644); err == nil {
+				t.Logf("daemon logs in %s; the last 4 KiB:\n%s", path, logs.Tail(4<<10))
 			}
 		}
 	}()
@@ -245,25 +247,6 @@ func TestChaos(t *testing.T) {
 			t.Errorf("seed %d: recovered %s differs from the local file\nreports of conversation %s:\n%s", seed, rel, f.ID, reportsOf(stdout.Bytes(), f.ID))
 		}
 	}
-}
-
-// lockedBuffer collects a subprocess's output across restarts.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.b.Bytes()
-	return string(b[max(0, len(b)-n):])
 }
 
 // failedReports picks the conversations recover did not restore out of its --json report.

@@ -28,6 +28,7 @@ import (
 // `pisync history` shows it shrunk; `pisync recover --all` refuses it, lists the
 // generations and exits non-zero; `--generation 1` restores the session byte for byte.
 func TestHeaderOnlyOverwriteIsUndoable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		newID  bool // Pi's fresh header carries a new session id

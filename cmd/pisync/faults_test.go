@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -23,43 +24,10 @@ import (
 // tests that need the daemon in a process of its own when no built binary is at hand.
 const childEnv = "PISYNC_TEST_CHILD"
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// pisyncBinary builds cmd/pisync once per test run.
-func pisyncBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pisync-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "pisync")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = &buildError{err: err, out: string(out)}
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build pisync: %v", buildErr)
-	}
-	return binPath
-}
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
-
 // TestLineInTwoWritesPublishedOnceWhole: a line written in two writes with a pause
 // between is published once, complete.
 func TestLineInTwoWritesPublishedOnceWhole(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -100,6 +68,7 @@ func TestLineInTwoWritesPublishedOnceWhole(t *testing.T) {
 // TestBlobLineRoundTrip: a 3 MB line goes through the object store and reads back
 // byte-identical through the mirror read API.
 func TestBlobLineRoundTrip(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -146,6 +115,7 @@ func TestBlobLineRoundTrip(t *testing.T) {
 // corrupted) between two runs; the second run learns from the mirror what it holds and
 // publishes nothing twice, although the 1 s duplicate window has long passed.
 func TestStateDirLostNoDuplicates(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		harm func(t *testing.T, state string)
@@ -163,6 +133,7 @@ func TestStateDirLostNoDuplicates(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rng := rand.New(rand.NewPCG(7, 8))
 			srv := natstest.Run(t)
 			root, state := t.TempDir(), t.TempDir()
@@ -212,6 +183,7 @@ func TestEmbeddedServerByDefault(t *testing.T) {
 // TestServerOutage: the server is stopped for 10 s while lines keep being appended, then
 // restarted on the same store: everything arrives, once.
 func TestServerOutage(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("10 s outage")
 	}
@@ -247,10 +219,11 @@ func TestServerOutage(t *testing.T) {
 // plus live-append workload, with a 1 s duplicate window and every restart more than
 // 1 s later: at the end every line is in the stream exactly once.
 func TestSIGKILLExactlyOnce(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("30 kills")
 	}
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	seed := *chaosSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 )
@@ -23,13 +24,13 @@ import (
 type followCmd struct {
 	cancel         context.CancelFunc
 	done           chan error
-	stdout, stderr *logSink
+	stdout, stderr *daemontest.Output
 }
 
 func startFollow(t *testing.T, args ...string) *followCmd {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &followCmd{cancel: cancel, done: make(chan error, 1), stdout: &logSink{}, stderr: &logSink{}}
+	c := &followCmd{cancel: cancel, done: make(chan error, 1), stdout: &daemontest.Output{}, stderr: &daemontest.Output{}}
 	go func() {
 		c.done <- RecoverCommand(ctx, append([]string{"--tenant", "t1", "--owner", "alice", "--follow"}, args...), c.stdout, c.stderr)
 	}()

@@ -224,6 +224,7 @@ func TestHTTPReadyzFollowsNATS(t *testing.T) {
 // mirroring, one with a torn tail, one *.jsonl that is no session), /status.json and the
 // status page show exactly the expected numbers, over HTTP and rendered by Chromium.
 func TestHTTPStatusKnownWorkload(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(53, 54))
 	srv := natstest.Run(t)
 	root := t.TempDir()

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -51,13 +52,14 @@ func procKB(t *testing.T, pid int, field string) int64 {
 // (a process of its own, so that its memory is measured alone) with a peak RSS growth
 // under 64 MB, and reads back byte-identical.
 func TestHugeLineBoundedMemory(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("100 MB line")
 	}
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	rng := rand.New(rand.NewPCG(61, 62))
 	srv := natstest.Run(t)
 	root := t.TempDir()
@@ -124,7 +126,11 @@ func TestHugeLineBoundedMemory(t *testing.T) {
 	if blob.Kind != mirror.KindBlob || blob.SHA256 != want || blob.EntryID != "b16b16b1" || blob.EntryType != "message" {
 		t.Fatalf("line 3 mirrored as %+v", blob.Line)
 	}
-	rc, err := r.Blob(ctx, blob.SHA256)
+	// The read-back has a deadline of its own: the wait above may have used most of the
+	// first one on a loaded machine (the test runs beside others).
+	rctx, rcancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer rcancel()
+	rc, err := r.Blob(rctx, blob.SHA256)
 	if err != nil {
 		t.Fatal(err)
 	}

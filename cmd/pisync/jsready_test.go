@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
@@ -42,12 +43,12 @@ func startingCluster(t *testing.T) *natstest.Cluster {
 // (and why) and pisync_jetstream_ready is 0 while it waits, then the cluster's other
 // nodes start, and /readyz says ready, pisync_jetstream_ready is 1, and the command
 // logged one line when the wait began and one when it ended.
-func awaitJetStreamWait(t *testing.T, cl *natstest.Cluster, base string, done <-chan error, logs *lockedBuffer) {
+func awaitJetStreamWait(t *testing.T, cl *natstest.Cluster, base string, done <-chan error, logs *daemontest.Output) {
 	t.Helper()
 	waitFor(t, 60*time.Second, "/readyz to say it waits for JetStream", func() (bool, string) {
 		select {
 		case err := <-done:
-			t.Fatalf("the command ended while the cluster had no leader: %v\n%s", err, logs.tail(4000))
+			t.Fatalf("the command ended while the cluster had no leader: %v\n%s", err, logs.Tail(4000))
 		default:
 		}
 		code, body := getURL(base + "/readyz")
@@ -62,7 +63,7 @@ func awaitJetStreamWait(t *testing.T, cl *natstest.Cluster, base string, done <-
 	waitFor(t, 90*time.Second, "/readyz to say ready", func() (bool, string) {
 		select {
 		case err := <-done:
-			t.Fatalf("the command ended once the cluster came up: %v\n%s", err, logs.tail(4000))
+			t.Fatalf("the command ended once the cluster came up: %v\n%s", err, logs.Tail(4000))
 		default:
 		}
 		code, body := getURL(base + "/readyz")
@@ -72,7 +73,7 @@ func awaitJetStreamWait(t *testing.T, cl *natstest.Cluster, base string, done <-
 	if !strings.Contains(m, "pisync_jetstream_ready 1") || strings.Contains(m, "pisync_jetstream_not_ready_total 0") {
 		t.Errorf("metrics once ready:\n%s", grepLines(m, "pisync_jetstream"))
 	}
-	out := logs.tail(1 << 20)
+	out := logs.Tail(1 << 20)
 	if n := strings.Count(out, "JetStream not ready; waiting with backoff"); n != 1 {
 		t.Errorf("%d log lines saying the wait began, want 1:\n%s", n, out)
 	}
@@ -84,13 +85,13 @@ func awaitJetStreamWait(t *testing.T, cl *natstest.Cluster, base string, done <-
 // startCommand runs cmd with args in the background against a cluster with only its
 // first node up, serving HTTP on a free port; the test calls stop at its end.
 func startCommand(t *testing.T, cmd func(context.Context, []string, io.Writer, io.Writer) error,
-	args ...string) (cl *natstest.Cluster, base string, stop func() error, done <-chan error, logs *lockedBuffer) {
+	args ...string) (cl *natstest.Cluster, base string, stop func() error, done <-chan error, logs *daemontest.Output) {
 	t.Helper()
 	cl = startingCluster(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	logs = &lockedBuffer{}
+	logs = &daemontest.Output{}
 	ch := make(chan error, 1)
 	go func() {
 		ch <- cmd(ctx, append([]string{"--nats", cl.URLs(), "--replicas", "3", "--http-addr", addr}, args...), io.Discard, logs)

@@ -78,6 +78,7 @@ func sameMarks(t *testing.T, when string, got, want map[string]fileMark) {
 // Read-only files and directories are part of the tree, so that a daemon that chmods
 // what it cannot read would be caught too.
 func TestNoMarkerInTheTree(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(71, 72))
 	srv := natstest.Run(t)
 	root := t.TempDir()

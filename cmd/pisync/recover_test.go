@@ -61,6 +61,7 @@ func sameTree(t *testing.T, got, want map[string]string) {
 // byte (blobs, raw lines, v1 files and header-only files included); then again with
 // --out in Pi's layout and --json; then refusals on a tree that changed since.
 func TestRecoverAllIntoDeletedTree(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 8))
 	srv := natstest.Run(t)
 	root := filepath.Join(t.TempDir(), "sessions")

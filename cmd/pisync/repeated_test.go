@@ -21,6 +21,7 @@ import (
 // line twice, before start and while running) is mirrored whole, the repeats under their
 // ordinal, counted, not counted as duplicates, and recovered byte for byte.
 func TestRepeatedEntryIDKeptAndRecovered(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(61, 62))
 	srv := natstest.Run(t)
 	root := t.TempDir()

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pisync/pisync/internal/session"
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/mirror"
@@ -27,7 +28,8 @@ func TestMain(m *testing.M) {
 		// it, and the Put's deferred cleanup can clear the channel it waits on before
 		// it has read it; it then waits on a nil channel for ever. A connection that
 		// pisync leaks is still caught, by its read and flush goroutines.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"),
+		goleak.Cleanup(func(int) { daemontest.Remove() }))
 }
 
 // writeSessions creates n sessions of rotating formats with a few entries each.
@@ -54,6 +56,7 @@ func writeSessions(t *testing.T, rng *rand.Rand, root string, n, entries int) []
 // created while running and appends to existing ones all reach the stream exactly once,
 // byte-identical, with the right headers and ordinals, and the heads follow the leaf rule.
 func TestMirrorsEveryLineOnce(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	srv := natstest.Run(t)
 	root := t.TempDir()

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 )
 
 // TestStopWhileConnectingIsGraceful (torture, seed 997301228584): a SIGTERM while the
@@ -21,21 +23,21 @@ func TestStopWhileConnectingIsGraceful(t *testing.T) {
 	l.Close() // nobody listens there now: NATS is down
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr lockedBuffer
+	var stderr daemontest.Output
 	done := make(chan error, 1)
 	go func() {
 		done <- RunCommand(ctx, []string{"--nats", "nats://" + addr, "--root", t.TempDir(), "--state-dir", t.TempDir(),
 			"--http-addr", "", "--tenant", "t1", "--owner", "alice"}, &bytes.Buffer{}, &stderr)
 	}()
 	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(stderr.tail(1<<16), "cannot reach NATS yet") {
+	for !strings.Contains(stderr.Tail(1<<16), "cannot reach NATS yet") {
 		select {
 		case err := <-done:
-			t.Fatalf("run ended before the stop: %v\n%s", err, stderr.tail(1<<16))
+			t.Fatalf("run ended before the stop: %v\n%s", err, stderr.Tail(1<<16))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no connection attempt logged:\n%s", stderr.tail(1<<16))
+			t.Fatalf("no connection attempt logged:\n%s", stderr.Tail(1<<16))
 		}
 	}
 	cancel() // what the first SIGTERM does

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 	"github.com/pisync/pisync/mirror"
 )
@@ -37,15 +37,13 @@ var (
 )
 
 func TestStoreTorture(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("store torture: processes and SIGKILL")
 	}
-	bin := pisyncBinary(t)
+	bin := daemontest.Binary(t)
 	if *storeTortureRace {
-		bin = filepath.Join(t.TempDir(), "pisync-race")
-		if out, err := exec.Command("go", "build", "-race", "-o", bin, ".").CombinedOutput(); err != nil {
-			t.Fatalf("build pisync -race: %v\n%s", err, out)
-		}
+		bin = daemontest.RaceBinary(t)
 	}
 	if *storeTortureFor == 0 {
 		seed := *storeTortureSeed
@@ -65,10 +63,9 @@ func TestStoreTorture(t *testing.T) {
 
 // tReplica is one `pisync serve` process.
 type tReplica struct {
-	name   string
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd has exited
-	logs   *lockedBuffer
+	name string
+	proc *daemontest.Proc // nil while stopped
+	logs *daemontest.Output
 }
 
 // storeTorture is one seed's run: the server, the replicas, the client and the model.
@@ -103,15 +100,15 @@ func runStoreTorture(t *testing.T, bin string, seed uint64, ops int) {
 		if t.Failed() {
 			for _, r := range st.replicas {
 				path := filepath.Join(os.TempDir(), fmt.Sprintf("pisync-store-torture-%d-%s.log", seed, r.name))
-				if err := os.WriteFile(path, []byte(r.logs.tail(1<<30)), 0o644); err == nil {
-					t.Logf("%s's log in %s; its end:\n%s", r.name, path, r.logs.tail(2<<10))
+				if err := os.WriteFile(path, []byte(r.logs.Tail(1<<30)), 0o644); err == nil {
+					t.Logf("%s's log in %s; its end:\n%s", r.name, path, r.logs.Tail(2<<10))
 				}
 			}
 			t.Logf("reproduce: go test ./cmd/pisync -run TestStoreTorture -args -store-torture.seed=%d -store-torture.ops=%d", seed, ops)
 		}
 	}()
 	for i := 0; i < n; i++ {
-		st.replicas = append(st.replicas, &tReplica{name: fmt.Sprintf("r%d", i), logs: &lockedBuffer{}})
+		st.replicas = append(st.replicas, &tReplica{name: fmt.Sprintf("r%d", i), logs: &daemontest.Output{}})
 		st.start(st.replicas[i])
 	}
 	st.waitReady()
@@ -178,27 +175,22 @@ func (st *storeTorture) pick() string {
 
 func (st *storeTorture) start(r *tReplica) {
 	st.t.Helper()
-	r.cmd = exec.Command(st.bin, "serve", "--nats", st.srv.URL(), "--http-addr", "", "--host", r.name,
-		"--log-level", "warn", "--log-format", "console", "--duplicate-window", "30s")
-	r.cmd.Stderr = r.logs
-	if err := r.cmd.Start(); err != nil {
+	p, err := daemontest.Start(st.bin, []string{"serve", "--nats", st.srv.URL(), "--http-addr", "", "--host", r.name,
+		"--log-level", "warn", "--log-format", "console", "--duplicate-window", "30s"}, nil, r.logs)
+	if err != nil {
 		st.t.Fatal(err)
 	}
-	r.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(r.cmd, r.exited)
+	r.proc = p
 	st.restarts++
 }
 
 func (st *storeTorture) stop(r *tReplica, sig syscall.Signal) {
-	if r.cmd == nil || r.cmd.Process == nil {
+	if r.proc == nil {
 		return
 	}
-	_ = r.cmd.Process.Signal(sig)
-	<-r.exited
-	r.cmd = nil
+	_ = r.proc.Signal(sig)
+	<-r.proc.Exited()
+	r.proc = nil
 	if sig == syscall.SIGKILL {
 		st.kills++
 	}
@@ -210,12 +202,9 @@ func (st *storeTorture) waitReady() {
 	st.t.Helper()
 	waitFor(st.t, 60*time.Second, "every store replica to answer", func() (bool, string) {
 		for _, r := range st.replicas {
-			select {
-			case <-r.exited: // it gave up (a server not ready for it): restarted, as a supervisor does
-				r.cmd = nil
+			if r.proc != nil && !r.proc.Running() { // it gave up (a server not ready for it): restarted, as a supervisor does
 				st.exits++
 				st.start(r)
-			default:
 			}
 		}
 		got := 0
@@ -243,7 +232,7 @@ func (st *storeTorture) waitReady() {
 // logsClean fails on a panic or a data race in a replica's log.
 func (st *storeTorture) logsClean() {
 	for _, r := range st.replicas {
-		l := r.logs.tail(1 << 30)
+		l := r.logs.Tail(1 << 30)
 		for _, bad := range []string{"panic:", "DATA RACE", "fatal error:"} {
 			if strings.Contains(l, bad) {
 				st.t.Errorf("%s's log has %q", r.name, bad)

@@ -21,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +32,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pisync/pisync/internal/testutil/daemontest"
 	"github.com/pisync/pisync/internal/testutil/natstest"
 )
 
@@ -261,24 +261,6 @@ func TestTLSUsageErrors(t *testing.T) {
 	}
 }
 
-// logSink is a log destination the test reads: every line the daemon writes, at debug.
-type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // startLoggedDaemon runs the daemon in-process like startTestDaemon, logging everything
 // at debug level (JSON, as in production) into sink, with the recent-log ring that the
 // status page shows.
@@ -387,7 +369,7 @@ func testSecretsNeverShown(t *testing.T, tc secretCase) {
 	root := t.TempDir()
 	writeSessions(t, mrand.New(mrand.NewPCG(5, 6)), root, 2, 4)
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
-	var logs logSink
+	var logs daemontest.Output
 	d := startLoggedDaemon(t, &logs, append(conn(tc.args), "--root", root, "--state-dir", t.TempDir(), "--http-addr", httpAddr)...)
 	stopped := false
 	defer func() {

@@ -22,7 +22,9 @@ type Server struct {
 }
 
 // Run starts a JetStream server on a free loopback port with its store in a temporary
-// directory; it is shut down when the test ends.
+// directory; it is shut down when the test ends. The port is the one the server's own
+// listener was given (not one found free a moment before, which another process's
+// connection could take meanwhile), and a restart binds it again.
 func Run(t testing.TB) *Server {
 	t.Helper()
 	return RunWith(t, nil)
@@ -35,7 +37,7 @@ func RunWith(t testing.TB, configure func(*server.Options)) *Server {
 	opts := server.Options{
 		ServerName: "natstest",
 		Host:       "127.0.0.1",
-		Port:       FreePort(t),
+		Port:       server.RANDOM_PORT,
 		JetStream:  true,
 		StoreDir:   filepath.Join(t.TempDir(), "js"),
 		NoSigs:     true,
@@ -61,6 +63,9 @@ func (s *Server) start() {
 	go ns.Start()
 	if !ns.ReadyForConnections(20 * time.Second) {
 		s.t.Fatalf("nats-server on port %d not ready", s.opts.Port)
+	}
+	if s.opts.Port == server.RANDOM_PORT {
+		s.opts.Port = ns.Addr().(*net.TCPAddr).Port // the port of every restart
 	}
 	s.Server = ns
 }
