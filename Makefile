@@ -6,7 +6,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: run build release test deps check unit ts test-bin bench-smoke fuzz-smoke
+.PHONY: run build release test deps check unit ts test-bin fuzz
 
 run:
 	$(GO) run ./cmd/pisync run
@@ -69,6 +69,14 @@ TS_DIR := clients/pi-session-store
 ts: test-bin
 	@command -v npm >/dev/null || { echo "ts: npm is not installed (.ci/install-deps installs it)"; exit 1; }
 	cd $(TS_DIR) && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && $(TEST_BIN_ENV) npm test
+
+# Every fuzz target by hand, FUZZTIME each (make test runs their seed corpora as tests).
+FUZZTIME ?= 1m
+fuzz:
+	@set -e; grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | grep -v node_modules | \
+	sed 's|^\(.*\)/[^/]*:func |\1 |' | sort -u | while read pkg fn; do \
+		echo "== $$pkg $$fn"; $(GO) test $$pkg -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME); \
+	done
 
 # The long soaks by hand: a 2-minute NATS outage with ~100 MB appended, then 10 minutes of
 # injected faults. `make test` runs both with short budgets (30 s, 1 min).
