@@ -330,13 +330,31 @@ func (p *Publisher) openingPath(id watcher.FileID) string {
 // carried conversation id (the replacement of a session by a rewrite of it), it returns
 // the key it mirrored under: the new file keeps it.
 func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id string) (key, oldID string, err error) {
-	p.mu.Lock()
-	fid, known := p.byPath[f.Path]
-	old := p.files[fid]
-	p.mu.Unlock()
-	if !known || fid == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
+	old := p.replacedAt(f)
+	if old == nil {
 		return "", "", nil
 	}
+	return p.retire(ctx, old, f, id)
+}
+
+// replacedAt is the state of the file that was at f's path under another identity, or nil.
+func (p *Publisher) replacedAt(f watcher.File) *fileState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fid, known := p.byPath[f.Path]
+	old := p.files[fid]
+	if !known || fid == f.ID || old == nil || old.file.Root != f.Root || old.file.Rel != f.Rel {
+		return nil
+	}
+	return old
+}
+
+// retire is retireReplaced once the replaced state is found. Waiting for its lines in
+// flight can take a while (a large file being back-filled), and meanwhile the inode
+// number the rename freed can be handed to a new file elsewhere, whose Open registers
+// it under that number: only old itself is dropped, and its checkpoint record only if
+// no other file has taken the number.
+func (p *Publisher) retire(ctx context.Context, old *fileState, f watcher.File, id string) (key, oldID string, err error) {
 	if err := p.waitQueueEmpty(ctx, old); err != nil {
 		return "", "", err
 	}
@@ -344,13 +362,12 @@ func (p *Publisher) retireReplaced(ctx context.Context, f watcher.File, id strin
 		key, oldID = old.conv.Key, old.id
 	}
 	p.mu.Lock()
-	delete(p.files, old.file.ID)
-	p.unkeyed(old)
-	if p.byConv[old.conv.Key] == old.file.ID {
-		delete(p.byConv, old.conv.Key)
-	}
+	current := p.files[old.file.ID] == old
+	p.drop(old)
 	p.mu.Unlock()
-	p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
+	if current {
+		p.opts.Checkpoints.Delete(checkpoint.Key(old.file.ID.Dev, old.file.ID.Ino))
+	}
 	return key, oldID, nil
 }
 
