@@ -145,8 +145,11 @@ func TestPrometheusScrapeConfig(t *testing.T) {
 				t.Errorf("job %s: target group %d has no tenant label (the dashboard's Tenant selector needs it)", job, i)
 			}
 			port := ":9470" // pisync run's default --http-addr
-			if job == "pisync-serve" {
+			switch job {
+			case "pisync-serve":
 				port = ":9471" // pisync serve's
+			case "pisync-follow":
+				port = ":9478" // the follower's in the README (it has no default)
 			}
 			for _, target := range list(g, "targets") {
 				if s, _ := target.(string); !strings.HasSuffix(s, port) {
