@@ -59,9 +59,12 @@ test-bin:
 
 # Test binaries run at once: go's default is one a core, but most packages' tests wait on
 # servers, processes and timers far more than they compute, so at least 3.
+# The same holds inside a package: its parallel tests (cmd/pisync's daemons, outages and
+# soaks) run 4 at a time rather than one a core.
 TEST_P ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ $$n -gt 3 ] && echo $$n || echo 3)
+TEST_PARALLEL ?= $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1); [ $$n -gt 4 ] && echo $$n || echo 4)
 unit: test-bin
-	$(TEST_BIN_ENV) $(GO) test -race -p $(TEST_P) -timeout 20m $(PKGS)
+	$(TEST_BIN_ENV) $(GO) test -race -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 20m $(PKGS)
 
 # The TypeScript package @pisync/pi-session-store: compile (tsc) and run its tests
 # (node --test) against a real nats-server and `pisync serve`, both built here.
