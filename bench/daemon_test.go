@@ -57,7 +57,7 @@ func (b *built) get(tb testing.TB, prebuilt, pkg string) string {
 		}
 		atExit(func() { os.RemoveAll(dir) })
 		b.path = filepath.Join(dir, filepath.Base(strings.TrimSuffix(pkg, "/v2")))
-		cmd := exec.Command(goTool(), "build", "-o", b.path, pkg)
+		cmd := exec.Command(daemontest.GoTool(), "build", "-o", b.path, pkg)
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
@@ -67,15 +67,6 @@ func (b *built) get(tb testing.TB, prebuilt, pkg string) string {
 		tb.Fatal(b.err)
 	}
 	return b.path
-}
-
-func goTool() string {
-	if p := filepath.Join(os.Getenv("GOROOT"), "bin", "go"); os.Getenv("GOROOT") != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return "go"
 }
 
 // daemonProc is a running `pisync run`.

@@ -64,6 +64,15 @@ type Line struct {
 	Fork       string // HdrFork of a fork's header, as written; read back by ParseLine only
 }
 
+// OwnEntryID is the entry id the line carries itself: "" for a line stored under its
+// ordinal (OrdinalID), which has none.
+func (l Line) OwnEntryID() string {
+	if l.EntryID == OrdinalID(l.Ordinal) {
+		return ""
+	}
+	return l.EntryID
+}
+
 // NewMsg builds the message of one line of conversation c, with its headers as a map
 // (the session store's writes; the publisher sends NewOutgoing's pooled form). body is
 // the line's exact bytes without its newline (empty for a blob reference).

@@ -152,3 +152,22 @@ func TestPublishStoresTheLine(t *testing.T) {
 		out.Release()
 	}
 }
+
+// TestOwnEntryID: a line stored under its ordinal (no id of its own) has none; any other
+// id is the line's, "L" ids of another ordinal included.
+func TestOwnEntryID(t *testing.T) {
+	for _, tc := range []struct {
+		id      string
+		ordinal int64
+		want    string
+	}{
+		{"a1b2c3d4", 3, "a1b2c3d4"},
+		{OrdinalID(3), 3, ""},
+		{OrdinalID(2), 3, OrdinalID(2)},
+		{"", 3, ""},
+	} {
+		if got := (Line{EntryID: tc.id, Ordinal: tc.ordinal}).OwnEntryID(); got != tc.want {
+			t.Errorf("OwnEntryID of %q at ordinal %d = %q, want %q", tc.id, tc.ordinal, got, tc.want)
+		}
+	}
+}

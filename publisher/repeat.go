@@ -26,7 +26,7 @@ func (it *item) idMayRepeat() bool {
 	if it.out == nil || it.kind == mirror.KindHeader || it.kind == mirror.KindRaw {
 		return false
 	}
-	return it.out.Line.EntryID != mirror.OrdinalID(it.ordinal)
+	return it.out.Line.OwnEntryID() != ""
 }
 
 // repeatedID looks at the message the server holds under it's message id. When it is

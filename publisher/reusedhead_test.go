@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pisync/pisync/internal/testutil/mirrortest"
 	"github.com/pisync/pisync/internal/testutil/sessiontest"
 	"github.com/pisync/pisync/watcher"
 )
@@ -44,10 +45,9 @@ func TestHeadOfAFileOnAFreedInode(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines := [][]byte{nu.HeaderLine("/srv/b"), nu.Entry(200), nu.Entry(400), nu.Entry(100)}
-		if err := sessiontest.AppendBytes(nu.Path, joinLines(lines)); err != nil {
+		if err := sessiontest.AppendBytes(nu.Path, mirrortest.JoinLines(lines)); err != nil {
 			t.Fatal(err)
 		}
-		nu.Lines = lines
 		if inode(t, nu.Path) == freed {
 			reused++
 		}
@@ -77,12 +77,4 @@ func waitHead(t *testing.T, ctx context.Context, p *Publisher, id string, last i
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func joinLines(lines [][]byte) []byte {
-	var b []byte
-	for _, l := range lines {
-		b = append(append(b, l...), '\n')
-	}
-	return b
 }

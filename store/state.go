@@ -291,11 +291,7 @@ func (m scanned) envelope() session.Envelope {
 	if m.Kind == mirror.KindRaw || m.Format == string(session.FormatV1) {
 		return session.Envelope{}
 	}
-	id := m.EntryID
-	if id == mirror.OrdinalID(m.Ordinal) {
-		id = ""
-	}
-	return session.Envelope{Type: m.EntryType, ID: id, ParentID: m.ParentID, TargetID: m.targetID}
+	return session.Envelope{Type: m.EntryType, ID: m.OwnEntryID(), ParentID: m.ParentID, TargetID: m.targetID}
 }
 
 // incomplete reports whether c is a fork whose copy has not completed: no reader may see

@@ -50,10 +50,11 @@ var errLeadComplete = errors.New("lead complete")
 const leadReadBuf = 4096
 
 // ReadLead reads the lead of the file r from its beginning into a LeadBuffer, in bounded
-// memory whatever its lines' lengths.
+// memory whatever its lines' lengths, hashing nothing (status reads thousands of leads,
+// some beginning with a line of megabytes).
 func ReadLead(r io.Reader) (LeadBuffer, error) {
 	var b LeadBuffer
-	_, err := readLines(r, leadReadBuf, func(l DigestedLine) error {
+	_, err := readLines(r, leadReadBuf, false, func(l DigestedLine) error {
 		if !b.Add(l.Prefix, l.Size) {
 			return errLeadComplete
 		}

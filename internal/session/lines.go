@@ -65,11 +65,12 @@ func (l DigestedLine) EntryID() string {
 // torn tail (bytes after the last newline). Memory stays bounded whatever the line
 // length: long lines are hashed chunk by chunk.
 func ReadLines(r io.Reader, fn func(DigestedLine) error) (torn int64, err error) {
-	return readLines(r, readBufSize(r), fn)
+	return readLines(r, readBufSize(r), true, fn)
 }
 
-// readLines is ReadLines with a read buffer of bufSize bytes.
-func readLines(r io.Reader, bufSize int, fn func(DigestedLine) error) (torn int64, err error) {
+// readLines is ReadLines with a read buffer of bufSize bytes; without digest, the lines'
+// SHA256 is "" (nothing is hashed).
+func readLines(r io.Reader, bufSize int, digest bool, fn func(DigestedLine) error) (torn int64, err error) {
 	br := bufio.NewReaderSize(r, bufSize)
 	h := sha256.New()
 	var (
@@ -82,7 +83,9 @@ func readLines(r io.Reader, bufSize int, fn func(DigestedLine) error) (torn int6
 		switch {
 		case rerr == nil:
 			body := chunk[:len(chunk)-1] // the digest covers the line without its newline
-			h.Write(body)
+			if digest {
+				h.Write(body)
+			}
 			size += int64(len(body))
 			var prefix []byte
 			if size <= LinePrefixKeep {
@@ -92,18 +95,24 @@ func readLines(r io.Reader, bufSize int, fn func(DigestedLine) error) (torn int6
 					prefix = body
 				}
 			}
-			var sum [sha256.Size]byte
-			h.Sum(sum[:0])
-			if err := fn(DigestedLine{Ordinal: ord, SHA256: HexDigest(sum), Size: size, Prefix: prefix}); err != nil {
+			dl := DigestedLine{Ordinal: ord, Size: size, Prefix: prefix}
+			if digest {
+				var sum [sha256.Size]byte
+				h.Sum(sum[:0])
+				dl.SHA256 = HexDigest(sum)
+				h.Reset()
+			}
+			if err := fn(dl); err != nil {
 				return 0, err
 			}
-			h.Reset()
 			ord, size, keep = ord+1, 0, keep[:0]
 			if cap(keep) > LinePrefixKeep {
 				keep = nil
 			}
 		case errors.Is(rerr, bufio.ErrBufferFull), errors.Is(rerr, io.EOF):
-			h.Write(chunk)
+			if digest {
+				h.Write(chunk)
+			}
 			if size+int64(len(chunk)) <= LinePrefixKeep {
 				keep = append(keep, chunk...)
 			}

@@ -84,7 +84,7 @@ func Verify(ctx context.Context, m Scanner, path string, head mirror.Head) (Drif
 		}
 		if _, dup := mirrored[msg.Ordinal]; !dup {
 			mirrored[msg.Ordinal] = msg.SHA256
-			if (msg.Kind == mirror.KindEntry || msg.Kind == mirror.KindBlob) && msg.EntryID != mirror.OrdinalID(msg.Ordinal) {
+			if (msg.Kind == mirror.KindEntry || msg.Kind == mirror.KindBlob) && msg.OwnEntryID() != "" {
 				ids[msg.Ordinal] = msg.EntryID
 			}
 		}

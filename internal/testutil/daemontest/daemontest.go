@@ -77,15 +77,15 @@ func build(race bool) (string, error) {
 	}
 	p := filepath.Join(dir, name)
 	// The import path builds from any directory inside the module, which a test's is.
-	out, err := exec.Command(goTool(), append(args, "-o", p, Package)...).CombinedOutput()
+	out, err := exec.Command(GoTool(), append(args, "-o", p, Package)...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return p, nil
 }
 
-// goTool is the go command of the toolchain running the tests, when it says which.
-func goTool() string {
+// GoTool is the go command of the toolchain running the tests, when it says which.
+func GoTool() string {
 	if root := os.Getenv("GOROOT"); root != "" {
 		if p := filepath.Join(root, "bin", "go"); fileExists(p) {
 			return p
